@@ -1,0 +1,22 @@
+# The two commands of the README. Both create .venv if it is missing and install the pinned
+# requirements (again only when requirements.txt changes), so a fresh machine needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+# Stages call `python` and `dvc`: the venv's, whoever runs make.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: release test env
+
+env: $(STAMP)
+
+$(STAMP): requirements.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+release: $(STAMP)
+	dvc repro
+
+test: $(STAMP)
+	python -m pytest -q

@@ -1,0 +1,55 @@
+"""params.yaml: read once, checked once, before any stage does heavy work.
+
+Every rule about a parameter lives here; the stages and tests read the validated dict.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from scripts.errors import ClefError
+
+SOURCES = ("tiny", "hub")
+REVISION = re.compile(r"[0-9a-f]{40}")
+REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_model(model) -> dict:
+    if not isinstance(model, dict):
+        raise ClefError("params.yaml: `model` must be a mapping with source, repo and revision")
+    source = model.get("source")
+    if source not in SOURCES:
+        raise ClefError(f"params.yaml: unknown model.source {source!r}; valid sources: {', '.join(SOURCES)}")
+    repo = model.get("repo")
+    if not isinstance(repo, str) or not REPO.fullmatch(repo):
+        raise ClefError(f"params.yaml: model.repo {repo!r} is not an <org>/<name> repository id")
+    revision = model.get("revision")
+    if not isinstance(revision, str) or not REVISION.fullmatch(revision):
+        raise ClefError(
+            f"params.yaml: model.revision {revision!r} is not a full 40-hex commit id; "
+            "branch and tag names move, so a release pinned to one cannot be audited"
+        )
+    return model
+
+
+CHECKS = {"model": check_model}
+
+
+def load(path: str | Path = "params.yaml") -> dict:
+    """The validated params; a missing section or a bad value is a ClefError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no params file at {path}")
+    try:
+        params = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ClefError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(params, dict):
+        raise ClefError(f"{path} must hold a mapping of sections")
+    for section, check in CHECKS.items():
+        if section not in params:
+            raise ClefError(f"{path}: missing section `{section}`")
+        check(params[section])
+    return params

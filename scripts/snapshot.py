@@ -1,0 +1,142 @@
+"""The checkpoint snapshot in Hugging Face cache layout, and the record that pins its bytes.
+
+`hf/hub/models--<org>--<name>/snapshots/<40-hex revision>/` holds the snapshot whichever source
+wrote it, so downstream code reads the embedded tiny checkpoint exactly as it reads the real one.
+The record (`results/snapshot.json`) lists every file with its size and sha256; a stage that reads
+the snapshot checks the files it reads against it first (sizes, then hashes), so a truncated or
+altered shard is refused before any weight is loaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from scripts import atomic
+from scripts.errors import ClefError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer.
+HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                "special_tokens_map.json", "chat_template.jinja"]
+CHUNK = 1 << 24
+
+
+def snapshot_dir(cache: Path, repo: str, revision: str) -> Path:
+    """Where the Hugging Face cache keeps `repo` at `revision` under cache root `cache` (hf/)."""
+    return Path(cache) / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / revision
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def refuse_pickles(names) -> None:
+    pickles = sorted(n for n in names if n.lower().endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise ClefError(f"pickle checkpoint file {pickles[0]} refused: only safetensors weights are loaded "
+                        "(a pickle can run code when read)")
+
+
+def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = Path(".")) -> dict:
+    """The file record of a finished snapshot: every file with its size and sha256."""
+    snapshot = Path(snapshot)
+    names = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
+    return {
+        "source": source,
+        "repo": repo,
+        "revision": revision,
+        "path": os.path.relpath(snapshot, root),
+        "files": [{"name": n, "size": (snapshot / n).stat().st_size, "sha256": sha256_file(snapshot / n)} for n in names],
+    }
+
+
+def load_record(path: str | Path = "results/snapshot.json") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no snapshot record at {path}: run the fetch stage first")
+    return json.loads(path.read_text())
+
+
+def verify(rec: dict, root: Path = Path("."), names=None) -> Path:
+    """Check files of the recorded snapshot (all, or `names`) against the record; return its path.
+
+    Sizes first for every file (cheap, catches truncation), then sha256. Pickles are refused.
+    """
+    snapshot = Path(root) / rec["path"]
+    listed = {f["name"]: f for f in rec["files"]}
+    refuse_pickles(listed)
+    wanted = sorted(listed) if names is None else sorted(names)
+    for name in wanted:
+        if name not in listed:
+            raise ClefError(f"{name} is not in the snapshot record of {rec['repo']}@{rec['revision']}")
+        path = snapshot / name
+        if not path.is_file():
+            raise ClefError(f"snapshot file {name} is missing from {snapshot}")
+        size = path.stat().st_size
+        if size != listed[name]["size"]:
+            raise ClefError(f"snapshot file {name} has {size} bytes, the record says {listed[name]['size']}")
+    for name in wanted:
+        digest = sha256_file(snapshot / name)
+        if digest != listed[name]["sha256"]:
+            raise ClefError(f"snapshot file {name} is corrupt: sha256 {digest[:12]}... differs from the "
+                            f"recorded {listed[name]['sha256'][:12]}...")
+    return snapshot
+
+
+def write_tiny(cache: Path) -> tuple[str, str]:
+    """Write the embedded tiny checkpoint into cache root `cache`; -> (repo, revision)."""
+    from scripts import tiny_checkpoint
+
+    content = tiny_checkpoint.files()
+    revision = tiny_checkpoint.revision(content)
+    target = snapshot_dir(cache, tiny_checkpoint.REPO, revision)
+    target.mkdir(parents=True)
+    for name, data in content.items():
+        (target / name).write_bytes(data)
+    # The cache's ref file, as huggingface_hub writes it for a downloaded revision.
+    ref = target.parents[1] / "refs" / "main"
+    ref.parent.mkdir(parents=True)
+    ref.write_text(revision)
+    return tiny_checkpoint.REPO, revision
+
+
+def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
+    """Download `repo` at the pinned `revision` (safetensors and tokenizer files only) into `cache`."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RevisionNotFoundError
+
+    try:
+        path = snapshot_download(repo_id=repo, revision=revision, cache_dir=str(Path(cache) / "hub"),
+                                 allow_patterns=HUB_PATTERNS)
+    except RevisionNotFoundError:
+        raise ClefError(f"revision {revision} not found in {repo}") from None
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
+        raise ClefError(f"download of {repo}@{revision} failed: {str(exc).splitlines()[0]}") from None
+    names = {p.name for p in Path(path).iterdir()}
+    if not ({"model.safetensors", "model.safetensors.index.json"} & names):
+        raise ClefError(f"{repo}@{revision} has no safetensors weights (pickle checkpoints are refused)")
+    return repo, revision
+
+
+def fetch(model: dict, cache: Path = Path("hf")) -> dict:
+    """Build the snapshot for params `model` under `cache` atomically; -> its file record."""
+    cache = Path(cache)
+    partial = atomic.partial_dir(cache)
+    if model["source"] == "tiny":
+        if partial.exists():  # a tiny snapshot is cheap to redo: start clean
+            shutil.rmtree(partial)
+        repo, revision = write_tiny(partial)
+    elif model["source"] == "hub":  # a kept partial directory lets an interrupted download resume
+        repo, revision = download_hub(partial, model["repo"], model["revision"])
+    else:
+        raise ClefError(f"unknown model.source {model['source']!r}")
+    atomic.swap_in_dir(partial, cache)
+    return record(snapshot_dir(cache, repo, revision), model["source"], repo, revision)

@@ -1,0 +1,220 @@
+"""The embedded default checkpoint: clef-flash's structure at toy sizes, the same bytes everywhere.
+
+No machine here reaches the Hugging Face hub, so the pipeline and the tests run on this checkpoint.
+It has what the real snapshot has, so downstream code cannot tell them apart by layout:
+- a `Qwen3_5ForConditionalGeneration` config whose text stack keeps clef-flash's shape: full
+  attention every 4th layer, twice as many GatedDeltaNet value heads as key heads, GQA attention
+  with the output gate, partial rotary 0.25 with interleaved M-RoPE, untied lm_head;
+- bf16 safetensors in two shards with an index, `model.visual.*` and `mtp.*` tensors included
+  (the text-stack loader must skip them), and a byte-level BPE tokenizer.
+Weights are drawn from a per-tensor seed (the tensor's name), so adding a tensor changes no other.
+The projections get std 0.2, not the 0.02 of initializer_range: at 0.02 the GatedDeltaNet outputs
+are too small to show in whole-model comparisons and the verification would see nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+
+import torch
+
+REPO = "clef-litert/clef-flash-tiny"
+SEED = 20260
+PROJECTION_STD = 0.2
+NORM_STD = 0.1  # Qwen3_5RMSNorm scales by (1 + weight): weights near 0, not 1
+EMBED_STD = 1.0
+VISION_STD = 0.02  # the vision tower is only carried, never run: its values do not matter
+
+# clef-flash (Qwen3.5-9B) shape at toy sizes; the comment gives the real value where it differs.
+TEXT_CONFIG = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 320,  # 248320
+    "hidden_size": 128,  # 4096
+    "intermediate_size": 256,  # 12288
+    "num_hidden_layers": 8,  # 32
+    "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+    "full_attention_interval": 4,
+    "num_attention_heads": 4,  # 16
+    "num_key_value_heads": 1,  # 4: the same 4:1 grouping
+    "head_dim": 64,  # 256
+    "attn_output_gate": True,
+    "linear_num_key_heads": 2,  # 16
+    "linear_num_value_heads": 4,  # 32: each q/k head serves 2 value heads
+    "linear_key_head_dim": 32,  # 128
+    "linear_value_head_dim": 32,  # 128
+    "linear_conv_kernel_dim": 4,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,  # 262144
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,  # rotary width 64 x 0.25 = 16: 8 frequencies
+        "mrope_section": [3, 3, 2],  # [11, 11, 10]: the 8 frequencies split T/H/W
+        "mrope_interleaved": True,
+    },
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "use_cache": True,
+    "dtype": "bfloat16",
+}
+
+VISION_CONFIG = {
+    "model_type": "qwen3_5_vision",
+    "depth": 1,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "in_channels": 3,
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": TEXT_CONFIG["hidden_size"],
+    "num_position_embeddings": 16,
+}
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>"]
+# A few byte-level merges so the tokenizer is a real BPE, not a byte map ("Ġ" is the byte-level space).
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"), ("Ġ", "s"),
+          ("r", "e"), ("a", "t"), ("e", "n"), ("Ġ", "o"), ("Ġ", "w"), ("o", "r"), ("i", "s"), ("Ġ", "c")]
+MTP_SHAPES = {  # a few of the multi-token-prediction head's tensors: present in the snapshot, never loaded
+    "mtp.fc.weight": (TEXT_CONFIG["hidden_size"], 2 * TEXT_CONFIG["hidden_size"]),
+    "mtp.norm.weight": (TEXT_CONFIG["hidden_size"],),
+    "mtp.pre_fc_norm_embedding.weight": (TEXT_CONFIG["hidden_size"],),
+    "mtp.pre_fc_norm_hidden.weight": (TEXT_CONFIG["hidden_size"],),
+}
+SHARDS = 2
+
+
+def config() -> dict:
+    n = len(SPECIAL_TOKENS)
+    first_special = 256 + len(MERGES)
+    ids = {tok: first_special + i for i, tok in enumerate(SPECIAL_TOKENS)}
+    assert first_special + n <= TEXT_CONFIG["vocab_size"]
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": {**TEXT_CONFIG, "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]},
+        "vision_config": VISION_CONFIG,
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "tie_word_embeddings": False,
+        "transformers_version": "5.14.1",
+    }
+
+
+def byte_alphabet() -> list[str]:
+    """Byte-level BPE's printable stand-in for each byte 0..255 (printable bytes map to themselves,
+    the rest to code points from 256 upward, in byte order)."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+    out, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return out
+
+
+def tokenizer_files() -> dict[str, bytes]:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    vocab = {ch: i for i, ch in enumerate(byte_alphabet())}
+    for a, b in MERGES:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(BPE(vocab=vocab, merges=MERGES, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    # Qwen's pre-tokenizer split (contractions, letter runs, single digits, punctuation, spaces).
+    split = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer_config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "bos_token": None,
+        "add_prefix_space": False,
+        "model_max_length": TEXT_CONFIG["max_position_embeddings"],
+    }
+    return {
+        "tokenizer.json": tok.to_str(pretty=True).encode() + b"\n",
+        "tokenizer_config.json": json_bytes(tokenizer_config),
+    }
+
+
+def json_bytes(obj) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _draw(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A float32 tensor for checkpoint key `name`, from a seed derived from the name alone."""
+    gen = torch.Generator().manual_seed(SEED * 2**32 + zlib.crc32(name.encode()))
+    randn = lambda: torch.randn(shape, generator=gen)  # noqa: E731
+    leaf = name.rsplit(".", 2)
+    if name.startswith("model.visual."):
+        return torch.ones(shape) if name.endswith("norm1.weight") or name.endswith("norm2.weight") else VISION_STD * randn()
+    if name.endswith("A_log"):  # the stock draw: A ~ U(0, 16), strong and weak decays side by side
+        return torch.rand(shape, generator=gen).mul(16.0).clamp_min(1e-3).log()
+    if name.endswith("dt_bias"):
+        return 1.0 + NORM_STD * randn()
+    if name.endswith("linear_attn.norm.weight"):  # the gated norm is a plain weight: centred on 1
+        return 1.0 + NORM_STD * randn()
+    if leaf[-2].endswith("norm") or leaf[-2].endswith("layernorm"):
+        return NORM_STD * randn()
+    if name.endswith("embed_tokens.weight"):
+        return EMBED_STD * randn()
+    return PROJECTION_STD * randn()
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    """Every checkpoint tensor in bf16, keyed as in the real snapshot, in sorted key order."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**config()))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes.update(MTP_SHAPES)
+    return {k: _draw(k, shapes[k]).to(torch.bfloat16).contiguous() for k in sorted(shapes)}
+
+
+def shard_name(i: int) -> str:
+    return f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"
+
+
+def files() -> dict[str, bytes]:
+    """name -> bytes of every snapshot file."""
+    from safetensors.torch import save
+
+    weights = tensors()
+    names = list(weights)
+    # Shard 1 holds the vision tower and the first half of the text stack, shard 2 the rest.
+    cut = len(names) // 2
+    groups = [names[:cut], names[cut:]]
+    out = {"config.json": json_bytes(config()), **tokenizer_files()}
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups):
+        out[shard_name(i)] = save({k: weights[k] for k in group}, metadata={"format": "pt"})
+        for k in group:
+            weight_map[k] = shard_name(i)
+            total += weights[k].numel() * weights[k].element_size()
+    out["model.safetensors.index.json"] = json_bytes({"metadata": {"total_size": total}, "weight_map": weight_map})
+    return out
+
+
+def revision(content: dict[str, bytes]) -> str:
+    """A 40-hex id named by the content itself: the same files, the same revision, on every machine."""
+    listing = "".join(f"{name}\0{hashlib.sha256(data).hexdigest()}\n" for name, data in sorted(content.items()))
+    return hashlib.sha1(listing.encode()).hexdigest()

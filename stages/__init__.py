@@ -1,0 +1,1 @@
+"""One entry point per DVC stage: read params, call the library in `scripts/`, write outputs atomically."""

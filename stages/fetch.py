@@ -1,0 +1,17 @@
+"""DVC stage `fetch`: the checkpoint snapshot under hf/ and its file record, results/snapshot.json.
+
+model.source tiny writes the embedded checkpoint; hub downloads model.repo at model.revision.
+"""
+from scripts import atomic, params, snapshot
+from scripts.errors import run_stage
+
+
+def main() -> None:
+    model = params.load()["model"]
+    rec = snapshot.fetch(model)
+    atomic.write_json("results/snapshot.json", rec)
+    print(f"fetch: {rec['repo']}@{rec['revision']} ({rec['source']}), {len(rec['files'])} files")
+
+
+if __name__ == "__main__":
+    run_stage(main)
