@@ -2,13 +2,13 @@
 
 model.source tiny writes the embedded checkpoint; hub downloads model.repo at model.revision.
 """
-from scripts import atomic, params, snapshot
+from scripts import atomic, fetch, params
 from scripts.errors import run_stage
 
 
 def main() -> None:
     model = params.load()["model"]
-    rec = snapshot.fetch(model)
+    rec = fetch.fetch(model)
     atomic.write_json("results/snapshot.json", rec)
     print(f"fetch: {rec['repo']}@{rec['revision']} ({rec['source']}), {len(rec['files'])} files")
 

@@ -3,13 +3,12 @@
 results/stack.json: the stack's structure (read off the built modules), its fp32 bytes, the
 stage's peak resident memory, and the load time.
 """
-from scripts import atomic, params, snapshot, text_stack
+from scripts import atomic, snapshot, text_stack
 from scripts.errors import run_stage
 from scripts.measure import peak_rss_bytes
 
 
 def main() -> None:
-    params.load()
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
     _, info = text_stack.load_text_stack(path)

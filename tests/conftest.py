@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import scripts  # noqa: F401  (quiets third-party import noise before torch/transformers load)
-from scripts import snapshot
+from scripts import fetch, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def tiny_cache(tmp_path_factory) -> tuple[Path, dict]:
     """A read-only-by-convention hf/ cache holding the tiny checkpoint, and its file record."""
     cache = tmp_path_factory.mktemp("tiny") / "hf"
-    repo, revision = snapshot.write_tiny(cache)
+    repo, revision = fetch.write_tiny(cache)
     rec = snapshot.record(snapshot.snapshot_dir(cache, repo, revision), "tiny", repo, revision, root=cache.parent)
     return cache, rec
 

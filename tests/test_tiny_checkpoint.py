@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from scripts import snapshot, tiny_checkpoint
+from scripts import fetch, snapshot, tiny_checkpoint
 
 
 def test_same_bytes_every_time(tiny_cache, tmp_path):
     """Two writes give the same revision and the same sha256 for every file."""
     _, rec = tiny_cache
-    repo, revision = snapshot.write_tiny(tmp_path / "hf")
+    repo, revision = fetch.write_tiny(tmp_path / "hf")
     again = snapshot.record(snapshot.snapshot_dir(tmp_path / "hf", repo, revision), "tiny", repo, revision, root=tmp_path)
     assert revision == rec["revision"]
     assert again["files"] == rec["files"]

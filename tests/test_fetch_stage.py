@@ -1,0 +1,63 @@
+"""The fetch stage and params checks: the tiny default, and bad params refused before anything is written."""
+from __future__ import annotations
+
+import fnmatch
+import json
+
+import pytest
+import yaml
+
+from scripts import fetch, params, snapshot
+from scripts.errors import ClefError
+from tests.conftest import assert_one_line_error, run_stage
+
+GOOD = {"source": "tiny", "repo": "Cloudflare/clef-flash", "revision": "f0b7d3cd65296abfe459e6c228b618f5d8b26d2f"}
+
+
+def write_params(workdir, **model):
+    (workdir / "params.yaml").write_text(yaml.safe_dump({"model": {**GOOD, **model}}))
+
+
+def assert_nothing_written(workdir):
+    assert sorted(p.name for p in workdir.iterdir()) == ["params.yaml"]
+
+
+def test_tiny_fetch_writes_snapshot_and_record(tmp_path, tiny_cache):
+    write_params(tmp_path)
+    proc = run_stage("fetch", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads((tmp_path / "results" / "snapshot.json").read_text())
+    assert rec == tiny_cache[1]
+    assert snapshot.verify(rec, root=tmp_path).is_dir()
+    assert not (tmp_path / "hf.partial").exists()
+
+
+@pytest.mark.parametrize("model, fragments", [
+    ({"source": "local"}, ["unknown model.source 'local'", "tiny, hub"]),
+    ({"revision": "main"}, ["model.revision 'main'", "40-hex"]),
+    ({"revision": "f0b7d3cd"}, ["model.revision 'f0b7d3cd'", "40-hex"]),
+    ({"revision": "F0B7D3CD65296ABFE459E6C228B618F5D8B26D2F"}, ["40-hex"]),
+    ({"repo": "clef-flash"}, ["model.repo 'clef-flash'"]),
+])
+def test_bad_model_params_refused_before_any_work(tmp_path, model, fragments):
+    write_params(tmp_path, **model)
+    assert_one_line_error(run_stage("fetch", tmp_path), *fragments)
+    assert_nothing_written(tmp_path)
+
+
+def test_missing_params_file(tmp_path):
+    assert_one_line_error(run_stage("fetch", tmp_path), "params.yaml")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_params_missing_section(tmp_path):
+    (tmp_path / "params.yaml").write_text("form: R64\n")
+    with pytest.raises(ClefError, match="missing section `model`"):
+        params.load(tmp_path / "params.yaml")
+
+
+def test_hub_download_asks_for_no_pickles():
+    for name in ("pytorch_model.bin", "model.pt", "consolidated.pth", "optimizer.pkl"):
+        assert not any(fnmatch.fnmatch(name, p) for p in fetch.HUB_PATTERNS), name
+    for name in ("model-00001-of-00004.safetensors", "model.safetensors.index.json", "config.json", "tokenizer.json"):
+        assert any(fnmatch.fnmatch(name, p) for p in fetch.HUB_PATTERNS), name
