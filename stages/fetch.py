@@ -7,7 +7,7 @@ from scripts.errors import run_stage
 
 
 def main() -> None:
-    model = params.load()["model"]
+    model = params.load(["model"])["model"]
     rec = fetch.fetch(model)
     atomic.write_json("results/snapshot.json", rec)
     print(f"fetch: {rec['repo']}@{rec['revision']} ({rec['source']}), {len(rec['files'])} files")

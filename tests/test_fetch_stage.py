@@ -53,7 +53,7 @@ def test_missing_params_file(tmp_path):
 def test_params_missing_section(tmp_path):
     (tmp_path / "params.yaml").write_text("form: R64\n")
     with pytest.raises(ClefError, match="missing section `model`"):
-        params.load(tmp_path / "params.yaml")
+        params.load(["model"], tmp_path / "params.yaml")
 
 
 def test_hub_download_asks_for_no_pickles():

@@ -1,0 +1,325 @@
+"""GatedDeltaNet kernel forms: the form grammar, the chunked gated delta rule, and apply/reset.
+
+A form is a `+`-joined list of parts, applied to every GatedDeltaNet of the fp32 stack:
+  R<n>    chunk n (a power of two, 16..128) with a loop-free in-chunk triangular inverse
+  loop    chunk 64 with the stock row-by-row inverse (the reference; ~1,000 graph ops per layer)
+  sp      softplus as max(x, 0) + log1p(exp(-|x|)): exact in fp32, cannot overflow in fp16
+  ec      every exp argument clamped to <= 0 instead of masking with -inf: no inf, no NaN
+  dd      in-chunk decays as direct segment sums of g (matmuls with 0/1 constants): no CUMSUM
+  cumsum  decays as differences of cumulative sums, the stock way (the default)
+  vs<k>   v x 2^k at the kernel entry; output and recurrent state are exactly 2^k x stock
+Canonical order is the order above; defaults (cumsum, vs0) are left out of the canonical string.
+
+Why: a LiteRT graph for GPU delegates needs rank <= 4 tensors, builtin ops only (no CUMSUM, IOTA,
+WHILE), no loops, and must stay finite in fp16. The kernel works on [B*H, chunks, C, D] tensors,
+builds every mask once as a constant, and unrolls only the loop over chunks (fixed at a fixed L).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from scripts.errors import ClefError
+
+VALID_PARTS = "R<n> (n a power of two, 16..128) or loop; sp; ec; dd or cumsum; vs<k> (0 <= k <= 12)"
+CHUNK_MIN, CHUNK_MAX = 16, 128
+LOOP_CHUNK = 64  # the stock kernel's chunk
+VS_MAX = 12
+L2NORM_EPS = 1e-6  # the stock kernel's (and fla's) l2norm eps
+# ec floors each token's log-decay g at -30: exp(-30) ~ 9e-14 is below fp32's resolution next to 1,
+# so the floor changes no result, and it keeps an in-chunk sum of g >= -30 x 128 = -3840, far inside
+# fp16's range (65504), so no sum of g can overflow to -inf on a GPU delegate running in fp16.
+G_FLOOR = -30.0
+
+
+@dataclass(frozen=True)
+class Form:
+    chunk: int = LOOP_CHUNK
+    loop: bool = True
+    sp: bool = False
+    ec: bool = False
+    dd: bool = False
+    vs: int = 0
+
+    def __str__(self) -> str:
+        parts = ["loop" if self.loop else f"R{self.chunk}"]
+        parts += [name for name in ("sp", "ec", "dd") if getattr(self, name)]
+        if self.vs:
+            parts.append(f"vs{self.vs}")
+        return "+".join(parts)
+
+    @property
+    def v_scale(self) -> float:
+        return float(2 ** self.vs)
+
+
+STOCK = Form()
+
+
+def parse(text: str) -> Form:
+    """`R64+sp+ec+dd+vs6` -> Form; anything unknown, repeated or conflicting is a one-line ClefError."""
+    if not isinstance(text, str) or not text.strip():
+        raise ClefError(f"form {text!r} is empty; valid parts: {VALID_PARTS}")
+    fields: dict = {}
+
+    def put(key, value, part):
+        if key in fields:
+            raise ClefError(f"form {text!r}: part {part!r} conflicts with or repeats an earlier part; "
+                            f"valid parts: {VALID_PARTS}")
+        fields[key] = value
+
+    for part in text.strip().split("+"):
+        if m := re.fullmatch(r"R(\d+)", part):
+            n = int(m.group(1))
+            if n < CHUNK_MIN or n > CHUNK_MAX or n & (n - 1):
+                raise ClefError(f"form {text!r}: chunk {n} is not a power of two from {CHUNK_MIN} to {CHUNK_MAX}")
+            put("chunk", (n, False), part)
+        elif part == "loop":
+            put("chunk", (LOOP_CHUNK, True), part)
+        elif part in ("sp", "ec"):
+            put(part, True, part)
+        elif part in ("dd", "cumsum"):
+            put("decay", part == "dd", part)
+        elif m := re.fullmatch(r"vs(\d+)", part):
+            k = int(m.group(1))
+            if k > VS_MAX:
+                raise ClefError(f"form {text!r}: vs{k} is out of range 0..{VS_MAX}")
+            put("vs", k, part)
+        else:
+            raise ClefError(f"form {text!r}: unknown part {part!r}; valid parts: {VALID_PARTS}")
+    if "chunk" not in fields:
+        raise ClefError(f"form {text!r} has no chunk part (R<n> or loop); valid parts: {VALID_PARTS}")
+    chunk, loop = fields["chunk"]
+    return Form(chunk=chunk, loop=loop, sp=fields.get("sp", False), ec=fields.get("ec", False),
+                dd=fields.get("decay", False), vs=fields.get("vs", 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# constants, built once per chunk size (float32; cast to the kernel's dtype at use)
+
+@dataclass(frozen=True)
+class ChunkConstants:
+    identity: torch.Tensor  # [C, C]
+    lower: torch.Tensor  # [C, C] 1 on and below the diagonal
+    strict_lower: torch.Tensor  # [C, C] 1 below the diagonal
+    upper_strict_bool: torch.Tensor  # [C, C] True above the diagonal (the -inf mask without ec)
+    cum_incl: torch.Tensor  # [C, C] g @ cum_incl = inclusive prefix sums
+    cum_tail: torch.Tensor  # [C, C] g @ cum_tail = sums over t > i (decay from i to the chunk's end)
+    segments: torch.Tensor  # [C, C*C] g @ segments = sum of g_t for j < t <= i, at [i, j] (0 for j >= i)
+    block_masks: tuple  # per doubling step b = 1, 2, 4, ...: the lower-left b x b block of each 2b block
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_constants(c: int) -> ChunkConstants:
+    i = torch.arange(c)
+    row, col = i[:, None], i[None, :]
+    t = i[:, None, None]  # token index for the segment matrix
+    segments = ((t > col[None]) & (t <= row[None])).to(torch.float32)  # [t, i, j]
+    masks = []
+    b = 1
+    while b < c:
+        same_pair = (row // (2 * b)) == (col // (2 * b))
+        masks.append((same_pair & ((row // b) % 2 == 1) & ((col // b) % 2 == 0)).to(torch.float32))
+        b *= 2
+    return ChunkConstants(
+        identity=torch.eye(c),
+        lower=(col <= row).to(torch.float32),
+        strict_lower=(col < row).to(torch.float32),
+        upper_strict_bool=col > row,
+        cum_incl=(row <= col).to(torch.float32),  # [t, i]: t contributes to the prefix sum at i when t <= i
+        cum_tail=(row > col).to(torch.float32),  # [t, i]: t contributes to the tail sum at i when t > i
+        segments=segments.reshape(c, c * c),
+        block_masks=tuple(masks),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the pieces of the kernel
+
+def safe_softplus(x: torch.Tensor) -> torch.Tensor:
+    """softplus(x) = max(x, 0) + log1p(exp(-|x|)): the exp argument is <= 0, so nothing overflows."""
+    return torch.clamp_min(x, 0.0) + torch.log1p(torch.exp(-torch.abs(x)))
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
+
+
+def block_inverse(n: torch.Tensor, const: ChunkConstants) -> torch.Tensor:
+    """(I - N)^-1 for strictly lower-triangular N [..., C, C], in log2(C) doubling steps, no loop over rows.
+
+    X starts as the inverse of the 1x1 diagonal blocks (I). Each step joins pairs of b x b diagonal
+    blocks [[A, 0], [B, D]] of I - N into a 2b block, whose inverse is [[A^-1, 0], [-D^-1 B A^-1, D^-1]]:
+    in full-matrix form X <- X + X (N masked to the B blocks) X. Every X is the exact inverse of a
+    sub-block, so its entries stay as small as the answer's. The Neumann product (I + N)(I + N^2)...
+    computes the same matrix through powers of N whose entries reach ~1e8 when every key is the same
+    (regime R4), and loses everything to cancellation in fp32; this form is measured exact there.
+    """
+    x = const.identity.to(n.dtype)
+    for mask in const.block_masks:
+        x = x + x @ (n * mask.to(n.dtype)) @ x
+    return x
+
+
+def loop_inverse(n: torch.Tensor, const: ChunkConstants) -> torch.Tensor:
+    """(I - N)^-1 by the stock kernel's row-by-row forward substitution (C - 1 sequential updates)."""
+    t = n.clone()
+    for i in range(1, n.shape[-1]):
+        row = t[..., i, :i].clone()
+        sub = t[..., :i, :i].clone()
+        t[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+    return t + const.identity.to(n.dtype)
+
+
+def decays(g: torch.Tensor, form: Form, const: ChunkConstants):
+    """Log-decays of one chunk layout g [BH, N, C] ->
+    (pair [BH, N, C, C] = sum of g over (j, i], prefix [BH, N, C], total [BH, N], tail [BH, N, C])."""
+    bh, n, c = g.shape
+    if form.dd:
+        pair = (g @ const.segments.to(g.dtype)).reshape(bh, n, c, c)
+        prefix = g @ const.cum_incl.to(g.dtype)
+        tail = g @ const.cum_tail.to(g.dtype)
+        total = g.sum(-1)
+    else:
+        prefix = g.cumsum(-1)
+        pair = prefix.unsqueeze(-1) - prefix.unsqueeze(-2)
+        total = prefix[..., -1]
+        tail = total.unsqueeze(-1) - prefix
+    return pair, prefix, total, tail
+
+
+def decay_exp(x: torch.Tensor, form: Form) -> torch.Tensor:
+    return torch.exp(torch.clamp_max(x, 0.0)) if form.ec else torch.exp(x)
+
+
+def pair_decay(pair: torch.Tensor, form: Form, const: ChunkConstants) -> torch.Tensor:
+    """exp(pair) on and below the diagonal, 0 above it."""
+    if form.ec:  # clamp, then zero by a 0/1 constant: no -inf anywhere
+        return decay_exp(pair, form) * const.lower.to(pair.dtype)
+    return torch.exp(pair.masked_fill(const.upper_strict_bool, float("-inf")))
+
+
+def make_kernel(form: Form):
+    """The chunk kernel of `form`, with transformers' chunk-kernel signature.
+
+    q, k [B, L, H, Dk] (already interleaved to the value-head count), v [B, L, H, Dv], g and beta
+    [B, L, H], initial_state [B, H, Dk, Dv] (2^vs x stock under vs<k>). Returns (out [B, L, H, Dv],
+    final state [B, H, Dk, Dv] or None), both 2^vs x stock. Computes in the inputs' dtype.
+    """
+    c = form.chunk
+    const = chunk_constants(c)
+    inverse = loop_inverse if form.loop else block_inverse
+
+    def kernel(query, key, value, g, beta, chunk_size=None, initial_state=None, output_final_state=False,
+               use_qk_l2norm_in_kernel=False, **kwargs):
+        b, length, h, dk = key.shape
+        dv = value.shape[-1]
+        if initial_state is not None and tuple(initial_state.shape) != (b, h, dk, dv):
+            raise ClefError(f"initial state of shape {list(initial_state.shape)} does not fit this layer: "
+                            f"expected [{b}, {h}, {dk}, {dv}] (batch, value heads, key dim, value dim)")
+        dtype = query.dtype
+        if use_qk_l2norm_in_kernel:
+            query, key = l2norm(query), l2norm(key)
+        if form.vs:
+            value = value * form.v_scale  # a power of two: exact, every later product scales exactly
+        if form.ec:
+            g = torch.clamp_min(g, G_FLOOR)
+        pad = (c - length % c) % c  # pads: g = 0 (no decay) and beta = 0 (no update): the state passes through
+        n_chunks = (length + pad) // c
+
+        def heads_first(x, tail_dims):  # [B, L, H, *D] -> [B*H, N, C, *D]: batch folded into heads
+            x = x.transpose(1, 2).reshape(b * h, length, *tail_dims)
+            x = F.pad(x, (0, 0) * len(tail_dims) + (0, pad))
+            return x.reshape(b * h, n_chunks, c, *tail_dims)
+
+        q = heads_first(query, (dk,)) * (dk ** -0.5)
+        k = heads_first(key, (dk,))
+        v = heads_first(value, (dv,))
+        beta_c = heads_first(beta, ())
+        g_c = heads_first(g, ())
+
+        pair, prefix, total, tail = decays(g_c, form, const)
+        gamma = pair_decay(pair, form, const)  # [BH, N, C, C]
+        k_beta = k * beta_c.unsqueeze(-1)
+        n_mat = -(k_beta @ k.transpose(-1, -2)) * gamma * const.strict_lower.to(dtype)
+        t_mat = inverse(n_mat, const)  # (I - N)^-1, [BH, N, C, C]
+        u = t_mat @ (v * beta_c.unsqueeze(-1))  # [BH, N, C, Dv]
+        w = t_mat @ (k_beta * decay_exp(prefix, form).unsqueeze(-1))  # [BH, N, C, Dk]
+        q_decayed = q * decay_exp(prefix, form).unsqueeze(-1)
+        k_tail = k * decay_exp(tail, form).unsqueeze(-1)
+        intra = (q @ k.transpose(-1, -2)) * gamma  # [BH, N, C, C]
+        carry = decay_exp(total, form)  # [BH, N]
+
+        state = (torch.zeros(b * h, dk, dv, dtype=dtype) if initial_state is None
+                 else initial_state.to(dtype).reshape(b * h, dk, dv))
+        outs = []
+        for i in range(n_chunks):  # unrolled at a fixed L: one block of ops per chunk, none per token
+            v_new = u[:, i] - w[:, i] @ state
+            outs.append(q_decayed[:, i] @ state + intra[:, i] @ v_new)
+            state = state * carry[:, i, None, None] + k_tail[:, i].transpose(-1, -2) @ v_new
+        out = torch.cat(outs, dim=1)[:, :length]  # [BH, L, Dv]
+        out = out.reshape(b, h, length, dv).transpose(1, 2)
+        final = state.reshape(b, h, dk, dv) if output_final_state else None
+        return out, final
+
+    kernel.__name__ = f"chunk_gated_delta_rule[{form}]"
+    kernel.form = form
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# apply / reset on a model
+
+def gated_deltanets(model: torch.nn.Module) -> list:
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    return [m for m in model.modules() if isinstance(m, Qwen3_5GatedDeltaNet)]
+
+
+def apply(model: torch.nn.Module, form: Form | str) -> dict:
+    """Switch every GatedDeltaNet of `model` to `form` in place; -> what changed.
+
+    The kernel attribute, the softplus the layer's forward uses (`softplus`, read by the patched
+    GatedDeltaNet; stock layers call F.softplus themselves, so `sp` there is reported not applied),
+    and under vs<k> the gated norm's eps x 4^k, which makes the norm absorb the 2^k scale exactly:
+    rms(2^k x) with eps 4^k e equals 2^k rms(x) with eps e.
+    """
+    form = parse(form) if isinstance(form, str) else form
+    layers = gated_deltanets(model)
+    if not layers:
+        raise ClefError("apply: the model has no GatedDeltaNet layer")
+    reset(model)
+    kernel = make_kernel(form)
+    sp_applied = 0
+    for m in layers:
+        m._stock_form_state = {"kernel": m.chunk_gated_delta_rule, "norm_eps": m.norm.variance_epsilon,
+                               "softplus": m.__dict__.get("softplus")}
+        m.chunk_gated_delta_rule = kernel
+        m.norm.variance_epsilon = m._stock_form_state["norm_eps"] * form.v_scale ** 2
+        if form.sp and getattr(type(m), "uses_softplus_attribute", False):
+            m.softplus = safe_softplus
+            sp_applied += 1
+    return {"form": str(form), "layers": len(layers), "kernel": kernel.__name__,
+            "softplus": "safe" if sp_applied == len(layers) else ("stock" if not form.sp else "not applied (stock class)"),
+            "norm_eps_scale": form.v_scale ** 2}
+
+
+def reset(model: torch.nn.Module) -> int:
+    """Undo apply(): the stock kernel, softplus and norm eps, exactly as they were. -> layers reset."""
+    count = 0
+    for m in gated_deltanets(model):
+        saved = m.__dict__.pop("_stock_form_state", None)
+        if saved is None:
+            continue
+        m.chunk_gated_delta_rule = saved["kernel"]
+        m.norm.variance_epsilon = saved["norm_eps"]
+        if saved["softplus"] is None:
+            m.__dict__.pop("softplus", None)
+        else:
+            m.softplus = saved["softplus"]
+        count += 1
+    return count
