@@ -11,8 +11,9 @@ A form is a `+`-joined list of parts, applied to every GatedDeltaNet of the fp32
 Canonical order is the order above; defaults (cumsum, vs0) are left out of the canonical string.
 
 Why: a LiteRT graph for GPU delegates needs rank <= 4 tensors, builtin ops only (no CUMSUM, IOTA,
-WHILE), no loops, and must stay finite in fp16. The kernel works on [B*H, chunks, C, D] tensors,
-builds every mask once as a constant, and unrolls only the loop over chunks (fixed at a fixed L).
+WHILE), no loops, and must stay finite in fp16. The kernel works on rank-4 tensors laid out
+chunk-major, [chunks, B*H, C, D] (each chunk step then reads contiguous memory), builds every mask
+once as a constant, and unrolls only the loop over chunks (fixed at a fixed L).
 """
 from __future__ import annotations
 
@@ -159,8 +160,9 @@ def block_inverse(n: torch.Tensor, const: ChunkConstants) -> torch.Tensor:
     computes the same matrix through powers of N whose entries reach ~1e8 when every key is the same
     (regime R4), and loses everything to cancellation in fp32; this form is measured exact there.
     """
-    x = const.identity.to(n.dtype)
-    for mask in const.block_masks:
+    first, *rest = const.block_masks
+    x = const.identity.to(n.dtype) + n * first.to(n.dtype)  # the b = 1 step with X = I needs no product
+    for mask in rest:
         x = x + x @ (n * mask.to(n.dtype)) @ x
     return x
 
@@ -176,11 +178,11 @@ def loop_inverse(n: torch.Tensor, const: ChunkConstants) -> torch.Tensor:
 
 
 def decays(g: torch.Tensor, form: Form, const: ChunkConstants):
-    """Log-decays of one chunk layout g [BH, N, C] ->
-    (pair [BH, N, C, C] = sum of g over (j, i], prefix [BH, N, C], total [BH, N], tail [BH, N, C])."""
-    bh, n, c = g.shape
+    """Log-decays of chunked g [N, BH, C] ->
+    (pair [N, BH, C, C] = sum of g over (j, i], prefix [N, BH, C], total [N, BH], tail [N, BH, C])."""
+    n, bh, c = g.shape
     if form.dd:
-        pair = (g @ const.segments.to(g.dtype)).reshape(bh, n, c, c)
+        pair = (g @ const.segments.to(g.dtype)).reshape(n, bh, c, c)
         prefix = g @ const.cum_incl.to(g.dtype)
         tail = g @ const.cum_tail.to(g.dtype)
         total = g.sum(-1)
@@ -231,36 +233,37 @@ def make_kernel(form: Form):
         pad = (c - length % c) % c  # pads: g = 0 (no decay) and beta = 0 (no update): the state passes through
         n_chunks = (length + pad) // c
 
-        def heads_first(x, tail_dims):  # [B, L, H, *D] -> [B*H, N, C, *D]: batch folded into heads
+        def chunk_major(x, tail_dims):  # [B, L, H, *D] -> [N, B*H, C, *D]: batch folded into heads
             x = x.transpose(1, 2).reshape(b * h, length, *tail_dims)
             x = F.pad(x, (0, 0) * len(tail_dims) + (0, pad))
-            return x.reshape(b * h, n_chunks, c, *tail_dims)
+            # chunk-major, so that the chunk loop below reads contiguous slices
+            return x.reshape(b * h, n_chunks, c, *tail_dims).transpose(0, 1).contiguous()
 
-        q = heads_first(query, (dk,)) * (dk ** -0.5)
-        k = heads_first(key, (dk,))
-        v = heads_first(value, (dv,))
-        beta_c = heads_first(beta, ())
-        g_c = heads_first(g, ())
+        q = chunk_major(query, (dk,)) * (dk ** -0.5)
+        k = chunk_major(key, (dk,))
+        v = chunk_major(value, (dv,))
+        beta_c = chunk_major(beta, ())
+        g_c = chunk_major(g, ())
 
         pair, prefix, total, tail = decays(g_c, form, const)
-        gamma = pair_decay(pair, form, const)  # [BH, N, C, C]
+        gamma = pair_decay(pair, form, const)  # [N, BH, C, C]
         k_beta = k * beta_c.unsqueeze(-1)
         n_mat = -(k_beta @ k.transpose(-1, -2)) * gamma * const.strict_lower.to(dtype)
-        t_mat = inverse(n_mat, const)  # (I - N)^-1, [BH, N, C, C]
-        u = t_mat @ (v * beta_c.unsqueeze(-1))  # [BH, N, C, Dv]
-        w = t_mat @ (k_beta * decay_exp(prefix, form).unsqueeze(-1))  # [BH, N, C, Dk]
+        t_mat = inverse(n_mat, const)  # (I - N)^-1, [N, BH, C, C]
+        u = t_mat @ (v * beta_c.unsqueeze(-1))  # [N, BH, C, Dv]
+        w = t_mat @ (k_beta * decay_exp(prefix, form).unsqueeze(-1))  # [N, BH, C, Dk]
         q_decayed = q * decay_exp(prefix, form).unsqueeze(-1)
-        k_tail = k * decay_exp(tail, form).unsqueeze(-1)
-        intra = (q @ k.transpose(-1, -2)) * gamma  # [BH, N, C, C]
-        carry = decay_exp(total, form)  # [BH, N]
+        k_tail = (k * decay_exp(tail, form).unsqueeze(-1)).transpose(-1, -2)  # [N, BH, Dk, C]
+        intra = (q @ k.transpose(-1, -2)) * gamma  # [N, BH, C, C]
+        carry = decay_exp(total, form).unsqueeze(-1).unsqueeze(-1)  # [N, BH, 1, 1]
 
         state = (torch.zeros(b * h, dk, dv, dtype=dtype) if initial_state is None
                  else initial_state.to(dtype).reshape(b * h, dk, dv))
         outs = []
         for i in range(n_chunks):  # unrolled at a fixed L: one block of ops per chunk, none per token
-            v_new = u[:, i] - w[:, i] @ state
-            outs.append(q_decayed[:, i] @ state + intra[:, i] @ v_new)
-            state = state * carry[:, i, None, None] + k_tail[:, i].transpose(-1, -2) @ v_new
+            v_new = u[i] - w[i] @ state
+            outs.append(q_decayed[i] @ state + intra[i] @ v_new)
+            state = state * carry[i] + k_tail[i] @ v_new
         out = torch.cat(outs, dim=1)[:, :length]  # [BH, L, Dv]
         out = out.reshape(b, h, length, dv).transpose(1, 2)
         final = state.reshape(b, h, dk, dv) if output_final_state else None

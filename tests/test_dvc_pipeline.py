@@ -4,6 +4,7 @@ more after a parameter change (only the stages that read it rerun)."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -48,6 +49,23 @@ def test_stage_depends_on_all_its_code(name):
     assert code <= deps, f"stage {name} runs code it does not depend on: {sorted(code - deps)}"
 
 
+def params_sections_read(entry: Path) -> set[str]:
+    """The sections a stage asks scripts.params.load for (a literal list in its entry point)."""
+    sections = set()
+    for node in ast.walk(ast.parse(entry.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and node.args:
+            if isinstance(node.args[0], ast.List):
+                sections |= {e.value for e in node.args[0].elts}
+    return sections
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_stage_declares_the_params_it_reads(name):
+    stage = STAGES[name]
+    entry = ROOT / Path(*stage["cmd"].split("python -m ", 1)[1].split()[0].split(".")).with_suffix(".py")
+    assert params_sections_read(entry) == set(stage.get("params", []))
+
+
 def test_link_cache_configured():
     """A 19 GB snapshot must not be copied into DVC's cache: links first, copy last. Hardlink leads
     because DVC commits a stage's new output by hardlink only when hardlink is the first type."""
@@ -60,7 +78,8 @@ def repo_copy(dest: Path) -> Path:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                            capture_output=True, text=True).stdout.split("\0")
     for name in filter(None, files):
-        if (ROOT / name).is_file():
+        generated = name.split("/")[0] in ("hf", "artifacts", "results") and not name.endswith(".gitignore")
+        if (ROOT / name).is_file() and not generated:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
     git = ["git", "-c", "user.name=test", "-c", "user.email=test@localhost"]
@@ -93,7 +112,14 @@ def test_pipeline_end_to_end(tmp_path):
     assert "Data and pipelines are up to date." in second and "Running stage" not in second, second
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["form"] = "R32+sp+ec+dd+vs6"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    changed = json.loads(dvc(repo, "status", "--json"))
+    assert sorted(changed) == ["kernel_bench", "verify_kernel"], changed  # the form's stages, nothing upstream
+
+    params["form"] = "R64+sp+ec+dd+vs6"
     params["model"]["revision"] = "0" * 40  # read only by fetch; the tiny snapshot it writes is the same
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     third = dvc(repo, "repro")
     assert "Running stage 'fetch'" in third and "Running stage 'stack'" not in third, third
+    assert "Running stage 'verify_kernel'" not in third, third

@@ -1,0 +1,48 @@
+"""The verify_kernel stage: what it records, and the refusals (bad form, a crossed threshold)."""
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.conftest import assert_one_line_error, run_stage
+
+
+def set_params(workdir, **changes):
+    p = yaml.safe_load((workdir / "params.yaml").read_text())
+    for key, value in changes.items():
+        section, _, name = key.partition(".")
+        if name:
+            p[section][name] = value
+        else:
+            p[section] = value
+    (workdir / "params.yaml").write_text(yaml.safe_dump(p))
+
+
+def test_records_every_form_and_regime(workdir):
+    set_params(workdir, **{"verify_kernel.forms": ["loop", "R64+ec+dd"]})
+    proc = run_stage("verify_kernel", workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((workdir / "results" / "kernel.json").read_text())
+    summary = doc["summary"]
+    assert summary["passed"] and summary["all_finite"] and summary["head_pairs_identical"]
+    assert set(summary["max_rel_vs_f64"]) == {"loop", "R64+ec+dd", "R64+sp+ec+dd+vs6"}
+    assert summary["max_rel_vs_stock"]["loop"]["out"] < 1e-6  # loop is the stock algorithm
+    assert {(r["regime"], r["L"], r["initial_state"]) for r in doc["rows"]} == {
+        (g, n, i) for g in ("R1", "R2", "R3", "R4") for n in (256, 130, 200) for i in (False, True)}
+    assert summary["fp16"]["R64+sp+ec+dd+vs6"]["all_finite"]
+    # the vs6 contract's control: an unscaled state is visibly wrong
+    assert summary["vs_control_unscaled_state_min_out_rel_vs_f64"] > 1e-2
+
+
+def test_threshold_crossed_names_the_row(workdir):
+    set_params(workdir, **{"verify_kernel.forms": [], "verify_kernel.max_rel_vs_f64": 1e-9})
+    line = assert_one_line_error(run_stage("verify_kernel", workdir), "verify_kernel failed", "R64+sp+ec+dd+vs6 R1 L=256",
+                                 "> 1e-09")
+    assert "rows over" in line
+
+
+def test_bad_form_refused_before_work(workdir):
+    set_params(workdir, form="R48+ec")
+    assert_one_line_error(run_stage("verify_kernel", workdir), "chunk 48 is not a power of two")
+    assert not (workdir / "results" / "kernel.json").exists()
