@@ -34,8 +34,20 @@ def check_model(model) -> dict:
     return model
 
 
+def check_lengths(lengths) -> list[int]:
+    """The row graph lengths: positive integers, each once."""
+    if not isinstance(lengths, list) or not lengths:
+        raise ClefError("params.yaml: `lengths` must be a non-empty list of positive integers")
+    for n in lengths:
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise ClefError(f"params.yaml: length {n!r} is not a positive integer")
+    if len(set(lengths)) != len(lengths):
+        raise ClefError(f"params.yaml: lengths {lengths} repeat a value")
+    return lengths
+
+
 # Sections with a check here; others (the form, thresholds) are checked by the module that owns them.
-CHECKS = {"model": check_model}
+CHECKS = {"model": check_model, "lengths": check_lengths}
 
 
 def load(sections=(), path: str | Path = "params.yaml") -> dict:

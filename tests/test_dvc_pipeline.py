@@ -115,7 +115,8 @@ def test_pipeline_end_to_end(tmp_path):
     params["form"] = "R32+sp+ec+dd+vs6"
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     changed = json.loads(dvc(repo, "status", "--json"))
-    assert sorted(changed) == ["kernel_bench", "verify_kernel"], changed  # the form's stages, nothing upstream
+    form_stages = sorted(n for n, st in STAGES.items() if "form" in st.get("params", []))
+    assert len(form_stages) >= 2 and sorted(changed) == form_stages, changed  # the form's stages, nothing upstream
 
     params["form"] = "R64+sp+ec+dd+vs6"
     params["model"]["revision"] = "0" * 40  # read only by fetch; the tiny snapshot it writes is the same

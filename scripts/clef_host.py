@@ -1,0 +1,139 @@
+"""The host side of a row graph: what a device does around the `.tflite`.
+
+token ids -> `embeds` (the bf16 embed_tokens rows widened to fp32, pad rows 0), `valid`, and the
+M-RoPE `cos`/`sin` tables for text positions (i, i, i) from any start (pairs continue at an offset),
+padded to the graph's L; and `hidden` -> logits with the bf16 lm_head. The rotary tables repeat
+transformers' float32 arithmetic step for step (inverse frequencies, position x frequency, the
+interleave of the T/H/W sections), because at position 1000 a float64 table already differs from the
+model's own by ~1e-5.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from scripts.errors import ClefError
+
+PREFIX = "model.language_model."
+
+
+def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
+    """[R/2] float32, as transformers computes them for rope_type default."""
+    if rope.get("rope_type", "default") != "default":
+        raise ClefError(f"rope_type {rope.get('rope_type')!r} is not supported by the host (default only)")
+    dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    return 1.0 / (rope["rope_theta"] ** exponents)
+
+
+def rope_tables(rope: dict, head_dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, R] for M-RoPE positions [3, n] (T, H, W; a text token has all three equal)."""
+    if not rope.get("mrope_interleaved", False):
+        raise ClefError("only interleaved M-RoPE (mrope_interleaved: true, as in Qwen3.5) is supported by the host")
+    inv = inverse_frequencies(rope, head_dim)
+    freqs = positions.to(torch.float32)[:, :, None] * inv[None, None, :]  # [3, n, R/2]
+    section = rope["mrope_section"]
+    out = freqs[0].clone()  # T everywhere, then H and W on their interleaved slots
+    for axis in (1, 2):
+        slots = slice(axis, section[axis] * 3, 3)
+        out[:, slots] = freqs[axis][:, slots]
+    emb = torch.cat([out, out], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def text_positions(start: int, n: int) -> torch.Tensor:
+    """[3, n]: positions (i, i, i) for i = start .. start + n - 1."""
+    return torch.arange(start, start + n).expand(3, n)
+
+
+def check_inputs(embeds, valid, cos, sin, length: int, hidden_size: int, rotary: int) -> int:
+    """Refuse what a row graph of length L cannot take, before it runs; -> the record's real length."""
+    if tuple(embeds.shape) != (1, length, hidden_size):
+        if embeds.dim() == 3 and embeds.shape[-1] != hidden_size:
+            raise ClefError(f"embeds have width {embeds.shape[-1]}, the graph takes {hidden_size}")
+        raise ClefError(f"embeds of shape {list(embeds.shape)} do not fit a graph of L={length}: "
+                        f"expected [1, {length}, {hidden_size}]")
+    if tuple(valid.shape) != (1, length):
+        raise ClefError(f"valid of shape {list(valid.shape)} does not fit a graph of L={length}: expected [1, {length}]")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if tuple(t.shape) != (1, length, rotary):
+            raise ClefError(f"{name} of shape {list(t.shape)} does not fit: expected [1, {length}, {rotary}]")
+    v = valid[0]
+    if not bool(((v == 0) | (v == 1)).all()):
+        raise ClefError("valid must hold only 0.0 and 1.0")
+    n = int(v.sum())
+    if n == 0 or v[0] != 1:
+        raise ClefError("valid must start with 1.0: a record starts at position 0 and has at least one token")
+    if not bool((v[:n] == 1).all()):
+        raise ClefError(f"valid has a hole: {n} ones but not all before the first 0 (pads go only after the last token)")
+    return n
+
+
+class Host:
+    """The host-side tables of one snapshot: embed_tokens, lm_head, tokenizer, rope settings."""
+
+    def __init__(self, snapshot: Path):
+        self.snapshot = Path(snapshot)
+        config = json.loads((self.snapshot / "config.json").read_text())["text_config"]
+        self.hidden_size = config["hidden_size"]
+        self.head_dim = config["head_dim"]
+        self.rope = config["rope_parameters"]
+        self.rotary = int(self.head_dim * self.rope.get("partial_rotary_factor", 1.0))
+        self._tables: dict = {}
+        self._tokenizer = None
+
+    def _tensor(self, key: str) -> torch.Tensor:
+        if key not in self._tables:
+            from safetensors import safe_open
+
+            wmap = json.loads((self.snapshot / "model.safetensors.index.json").read_text())["weight_map"]
+            with safe_open(str(self.snapshot / wmap[key]), framework="pt") as f:
+                self._tables[key] = f.get_tensor(key)
+        return self._tables[key]
+
+    @property
+    def embed_tokens(self) -> torch.Tensor:
+        return self._tensor(PREFIX + "embed_tokens.weight")
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self._tensor("lm_head.weight")
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.snapshot))
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    def record(self, ids, length: int, start: int = 0) -> dict:
+        """Row graph inputs for token ids, right-padded to `length`, positions from `start`."""
+        n = len(ids)
+        if n == 0:
+            raise ClefError("a record needs at least one token")
+        if n > length:
+            raise ClefError(f"{n} tokens do not fit a graph of L={length}")
+        vocab = self.embed_tokens.shape[0]
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ClefError(f"token id out of range 0..{vocab - 1}")
+        embeds = torch.zeros(1, length, self.hidden_size)
+        embeds[0, :n] = self.embed_tokens[torch.tensor(ids)].to(torch.float32)
+        valid = torch.zeros(1, length)
+        valid[0, :n] = 1.0
+        cos, sin = rope_tables(self.rope, self.head_dim, text_positions(start, length))
+        return {"embeds": embeds, "valid": valid, "cos": cos[None], "sin": sin[None]}
+
+    def check(self, inputs: dict, length: int) -> int:
+        """Refuse inputs a graph of this checkpoint and length L cannot take; -> the real length."""
+        return check_inputs(inputs["embeds"], inputs["valid"], inputs["cos"], inputs["sin"], length,
+                            self.hidden_size, self.rotary)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden states [..., H] -> logits [..., V] with the bf16 lm_head widened to fp32."""
+        return hidden @ self.lm_head.to(torch.float32).T

@@ -1,0 +1,158 @@
+"""The Qwen3.5 text stack as the row graph runs it: export-friendly classes over the same weights.
+
+`patch(model)` turns a loaded stock `Qwen3_5TextModel` into the row graph's model in place, by
+switching the classes of its instances (no weight is copied or moved):
+- `ClefTextModel`: takes embeddings, a 4-D float additive mask, `valid` and the host's cos/sin, and
+  runs the decoder layers; the attention layers get the mask, the GatedDeltaNets get `valid`.
+- `ClefGatedDeltaNet`: the pad guard, the head interleave by concat (rank 4), the form's kernel and
+  softplus (scripts/clef_kernel.py apply() sets them).
+- attention: `clef_eager` (GQA by concat, rank-4 matmuls, additive mask, fp32 softmax), registered
+  in transformers' attention registry and selected through the config.
+`stock_twin(model)` builds the reference: the same weights (shared storage) in transformers' stock
+classes with sdpa attention, computing its own positions, mask and rotary tables.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3_5 import modeling_qwen3_5 as M
+
+ATTENTION = "clef_eager"
+# The pad guard sets a pad token's a to -30 before softplus: softplus(-30 + dt_bias) ~ 1e-13 x e^dt_bias,
+# so the pad's decay e^g is 1 to fp32 precision (the state passes through), while -30 stays far from
+# fp16's limits (a -inf there would turn into NaN downstream).
+PAD_A = -30.0
+
+
+def interleave_heads(x: torch.Tensor, r: int) -> torch.Tensor:
+    """[B, L, H, D] -> [B, L, H*r, D], each head repeated r times in place (repeat_interleave's order),
+    by concat on a rank-4 view: repeat_interleave would export through a rank-5 expand."""
+    b, length, h, d = x.shape
+    x = x.reshape(b * length, h, 1, d)
+    return torch.cat([x] * r, dim=2).reshape(b, length, h * r, d)
+
+
+def clef_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager attention with every tensor rank <= 4: key/value [1, Hkv, L, D] are repeated by concat
+    on a [Hkv, 1, L, D] view (repeat_kv's order), scores get the additive mask, softmax in fp32."""
+    n_rep = module.num_key_value_groups
+    b, hkv, length, d = key.shape
+    if b != 1:
+        raise ValueError("clef_eager attention runs batch 1 (the batch axis is folded into the head copies)")
+    if n_rep > 1:
+        key = torch.cat([key.reshape(hkv, 1, length, d)] * n_rep, dim=1).reshape(1, hkv * n_rep, length, d)
+        value = torch.cat([value.reshape(hkv, 1, length, d)] * n_rep, dim=1).reshape(1, hkv * n_rep, length, d)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling + attention_mask
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+
+ALL_ATTENTION_FUNCTIONS.register(ATTENTION, clef_eager_attention)
+
+
+class ClefGatedDeltaNet(M.Qwen3_5GatedDeltaNet):
+    """The GatedDeltaNet of the row graph: prefill from zero state with right pads.
+
+    Pad guard, with valid [B, L] (1 = token, 0 = right pad): pad hidden states are zeroed before the
+    projections; a pad's decay is set to identity (a -> PAD_A); pad q/k/v are zeroed again after the
+    causal conv (which would otherwise leak the last real tokens into them). A zero k adds nothing to
+    the state and a unit decay keeps it, so the state after the pads is the state at the last real
+    token, and the real positions never see a pad.
+    """
+
+    uses_softplus_attribute = True  # clef_kernel.apply() may set `softplus` (the sp part)
+
+    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        valid = attention_mask
+        b, length, _ = hidden_states.shape
+        keep = valid.unsqueeze(-1)  # [B, L, 1]
+        hidden_states = hidden_states * keep
+        mixed_qkv = self.in_proj_qkv(hidden_states)
+        z = self.in_proj_z(hidden_states).reshape(b, length, -1, self.head_v_dim)
+        beta = self.in_proj_b(hidden_states).sigmoid()
+        a = self.in_proj_a(hidden_states) * keep + (1.0 - keep) * PAD_A
+
+        mixed_qkv = F.silu(self.conv1d(mixed_qkv.transpose(1, 2))[:, :, :length]).transpose(1, 2) * keep
+        query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        query = query.reshape(b, length, -1, self.head_k_dim)
+        key = key.reshape(b, length, -1, self.head_k_dim)
+        value = value.reshape(b, length, -1, self.head_v_dim)
+
+        softplus = self.__dict__.get("softplus", F.softplus)
+        g = -self.A_log.float().exp() * softplus(a.float() + self.dt_bias)
+        r = self.num_v_heads // self.num_k_heads
+        if r > 1:
+            query, key = interleave_heads(query, r), interleave_heads(key, r)
+
+        core, _ = self.chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=None,
+                                              output_final_state=False, use_qk_l2norm_in_kernel=True)
+        core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(core.reshape(b, length, -1))
+
+
+class ClefTextModel(M.Qwen3_5TextModel):
+    """The text stack with its inputs made explicit: no position ids, no mask building, no cache."""
+
+    def forward(self, inputs_embeds, attention_mask, valid, cos, sin):
+        hidden = inputs_embeds
+        for layer in self.layers:
+            mask = attention_mask if layer.block_type == "full_attention" else valid
+            hidden = layer(hidden, position_embeddings=(cos, sin), attention_mask=mask)
+        return self.norm(hidden)
+
+
+def patch(model: nn.Module) -> nn.Module:
+    """Switch a loaded stock text model to the row graph's classes in place; -> the same object."""
+    if not isinstance(model, M.Qwen3_5TextModel):
+        raise TypeError(f"patch expects a Qwen3_5TextModel, got {type(model).__name__}")
+    model.__class__ = ClefTextModel
+    for layer in model.layers:
+        if layer.block_type == "linear_attention":
+            layer.linear_attn.__class__ = ClefGatedDeltaNet
+    model.config._attn_implementation = ATTENTION
+    return model
+
+
+def stock_twin(model: nn.Module) -> nn.Module:
+    """The same weights (shared storage, no copy) in transformers' stock classes with sdpa attention."""
+    from scripts import text_stack
+
+    cfg = copy.deepcopy(model.config)
+    cfg._attn_implementation = "sdpa"
+    twin = text_stack.build_on_meta(cfg)
+    twin.load_state_dict(model.state_dict(), strict=True, assign=True)
+    twin.rotary_emb = M.Qwen3_5TextRotaryEmbedding(config=cfg)
+    return twin.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def count_interleave():
+    """Counts interleave_heads calls made by ClefGatedDeltaNet inside the block: {"calls": n}."""
+    counter = {"calls": 0}
+    module_globals = ClefGatedDeltaNet.forward.__globals__
+    inner = module_globals["interleave_heads"]
+
+    def counted(x, r):
+        counter["calls"] += 1
+        return inner(x, r)
+
+    module_globals["interleave_heads"] = counted
+    try:
+        yield counter
+    finally:
+        module_globals["interleave_heads"] = inner
+
+
+def load(snapshot, form: str, progress: bool = True):
+    """The fp32 stack of `snapshot` patched for the row graph with kernel form `form` applied;
+    -> (model, load facts, what the form changed)."""
+    from scripts import clef_kernel, text_stack
+
+    model, info = text_stack.load_text_stack(snapshot, progress=progress)
+    patch(model)
+    return model, info, clef_kernel.apply(model, form)

@@ -1,0 +1,131 @@
+"""The patched stack and its row graph: the export graph's rules, the twin, and the pieces that make it."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5 as M
+
+from scripts import clef_qwen35_patch as P
+from scripts import model_check, params
+from scripts.clef_host import Host
+from scripts.row_graph import ClefRowPrefill, causal_constant
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def patched(tiny_snapshot):
+    model, _, applied = P.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
+    return model, applied
+
+
+def test_interleave_is_repeat_interleave():
+    x = torch.randn(1, 7, 3, 5)
+    assert torch.equal(P.interleave_heads(x, 2), x.repeat_interleave(2, dim=2))
+    assert torch.equal(P.interleave_heads(x, 4), x.repeat_interleave(4, dim=2))
+
+
+def test_clef_eager_attention_is_stock_eager():
+    class Holder:
+        num_key_value_groups = 4
+        training = False
+
+    q, k, v = torch.randn(1, 8, 10, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
+    mask = causal_constant(10)
+    ours, _ = P.clef_eager_attention(Holder(), q, k, v, mask, scaling=0.25)
+    stock, _ = M.eager_attention_forward(Holder(), q, k, v, mask, scaling=0.25)
+    assert torch.allclose(ours, stock, atol=1e-6)
+
+
+def test_patch_switches_classes_not_weights(patched):
+    model, applied = patched
+    assert type(model) is P.ClefTextModel
+    gdn = [l.linear_attn for l in model.layers if l.block_type == "linear_attention"]
+    assert gdn and all(type(m) is P.ClefGatedDeltaNet for m in gdn)
+    assert model.config._attn_implementation == P.ATTENTION
+    assert applied["softplus"] == "safe" and applied["layers"] == len(gdn)
+
+
+def test_stock_twin_shares_storage(patched):
+    model, _ = patched
+    twin = P.stock_twin(model)
+    ours = dict(model.named_parameters())
+    for name, p in twin.named_parameters():
+        assert p.data_ptr() == ours[name].data_ptr(), name
+    assert type(twin) is M.Qwen3_5TextModel and twin.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == P.ATTENTION  # the twin's config is its own
+
+
+def test_export_graph_is_rank4_without_int_arithmetic_or_runtime_ranges(patched, tiny_snapshot):
+    """Walks the torch.export graph of the row graph: no value of rank >= 5, no integer arithmetic
+    on the data path, no eye/arange/triu/cumsum at run time."""
+    model, _ = patched
+    length = 64
+    inputs = Host(tiny_snapshot).record(list(range(40)), length)
+    ep = torch.export.export(ClefRowPrefill(model, length), (), kwargs=inputs)
+    bad_rank, int_ops, banned = [], [], []
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor):
+                if v.dim() > 4:
+                    bad_rank.append((str(node.target), tuple(v.shape)))
+                if not v.is_floating_point() and v.dtype != torch.bool:
+                    int_ops.append((str(node.target), v.dtype))
+        if any(b in str(node.target) for b in ("eye", "arange", "triu", "tril", "cumsum", "iota")):
+            banned.append(str(node.target))
+    assert bad_rank == [] and int_ops == [] and banned == [], (bad_rank[:5], int_ops[:5], banned[:5])
+
+
+def test_row_graph_matches_the_stock_twin_and_is_pad_invariant(patched, tiny_snapshot):
+    """verify_model's checks at L = 64, against params.yaml's thresholds."""
+    model, _ = patched
+    p = params.load(["verify_model"], ROOT / "params.yaml")["verify_model"]
+    rows = model_check.model_rows(model, Host(tiny_snapshot), [64], vocab=model.config.vocab_size)
+    limits = {"rel_vs_stock_f64": p["max_rel_vs_stock_f64"], "rel_garbage_vs_zero_pads": p["max_rel_pad_invariance"],
+              "rel_f64_garbage_vs_zero_pads": p["max_rel_pad_invariance"],
+              "rel_f64_no_pads_vs_zero_pads": p["max_rel_pad_invariance"]}
+    assert model_check.failures(rows, limits) == []
+    vs = [r for r in rows if r["check"] == "vs_stock"]
+    assert {r["record"] for r in vs} == {"full", "padded", "one_token"}
+    assert all(r["interleave_calls"] == r["interleave_calls_expected"] > 0 for r in vs)
+    assert next(model.parameters()).dtype == torch.float32  # the float64 references were copies
+
+
+def test_pad_guard_keeps_the_state_at_the_last_real_token(patched):
+    """The GatedDeltaNet's recurrent state after pads equals the state at the last real token
+    (what the shared-state pairs rely on): pads carry zero k/v and unit decay."""
+    model, _ = patched
+    layer = next(l.linear_attn for l in model.layers if l.block_type == "linear_attention")
+    seen = []
+    kernel = layer.chunk_gated_delta_rule
+
+    def spy(q, k, v, g, beta, **kw):
+        seen.append((k, v, g))
+        return kernel(q, k, v, g, beta, **kw)
+
+    layer.chunk_gated_delta_rule = spy
+    try:
+        x = torch.randn(1, 20, model.config.hidden_size)
+        valid = torch.ones(1, 20)
+        valid[0, 12:] = 0
+        with torch.no_grad():
+            layer(x, attention_mask=valid)
+    finally:
+        layer.chunk_gated_delta_rule = kernel
+    k, v, g = seen[0]
+    assert not k[0, 12:].any() and not v[0, 12:].any()
+    assert g[0, 12:].abs().max() < 1e-9 and g[0, :12].abs().min() > 0
+
+
+def test_failures_name_the_row():
+    rows = [{"check": "vs_stock", "L": 64, "record": "padded", "rel_vs_stock_f64": 2e-4, "finite": True},
+            {"layer": 2, "seed": 5, "input_scale": 3.0, "rel_vs_stock_f64": 1e-6, "finite": False},
+            {"check": "vs_stock", "L": 128, "record": "full", "rel_vs_stock_f64": 1e-6, "finite": True,
+             "interleave_calls": 10, "interleave_calls_expected": 12}]
+    out = model_check.failures(rows, {"rel_vs_stock_f64": 1e-4})
+    assert out == ["check=vs_stock, L=64, record=padded: rel_vs_stock_f64 0.0002 > 0.0001",
+                   "layer=2, seed=5, input_scale=3.0: not finite",
+                   "check=vs_stock, L=128, record=full: 10 interleave calls, expected 12"]
