@@ -1,0 +1,50 @@
+"""Export a row graph to LiteRT: checks first, then litert_torch.convert, then our metadata, then an
+atomic write, so a conversion that fails midway leaves no `.tflite` behind.
+
+The metadata entry (`clef_litert`, JSON) makes the file self-describing: repo, revision, form, L,
+contract, the versions of torch / transformers / litert-torch, and the producing git commit.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from scripts import atomic, provenance, tflite_file
+from scripts.clef_kernel import Form
+from scripts.errors import ClefError
+
+
+def check_exportable(form: Form, length: int, max_positions: int) -> None:
+    """Refuse, before any conversion, what the exporter cannot turn into a delegate-ready graph."""
+    if not isinstance(length, int) or length <= 0:
+        raise ClefError(f"L={length!r} is not a positive integer")
+    if length > max_positions:
+        raise ClefError(f"L={length} is above the model's max_position_embeddings ({max_positions})")
+    if form.loop:
+        raise ClefError(f"form {form} cannot be exported: the loop inverse unrolls ~1,000 ops per layer; use R<n>")
+    if not form.dd:
+        raise ClefError(f"form {form} cannot be exported: cumsum lowers to CUMSUM, which GPU delegates reject; add dd")
+
+
+def convert(module: torch.nn.Module, sample_kwargs: dict) -> bytes:
+    """litert_torch.convert of a module on named float32 inputs -> the flatbuffer bytes."""
+    import litert_torch
+
+    edge = litert_torch.convert(module.eval(), sample_kwargs=sample_kwargs)
+    return edge.model_content()
+
+
+def metadata(rec: dict, form: str, length: int, contract: dict) -> dict:
+    versions = provenance.package_versions()
+    return {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"], "form": form, "L": length,
+            "contract_version": contract["version"], "contract": contract,
+            "versions": {k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
+            "git_commit": provenance.git_commit()}
+
+
+def write(path: Path, content: bytes, meta: dict) -> int:
+    """Embed the metadata and write the file atomically; -> its size in bytes."""
+    data = tflite_file.with_metadata(content, meta)
+    atomic.write_bytes(path, data)
+    return len(data)

@@ -1,0 +1,43 @@
+"""Run a row graph `.tflite` in the LiteRT interpreter against the torch row graph: accuracy at the
+real positions, and latency as a ratio measured in the same run (medians of interleaved rounds)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+
+def interpreter(path, threads: int | None = None):
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_path=str(path), num_threads=threads or torch.get_num_threads())
+    return it
+
+
+def run(runner, inputs: dict) -> torch.Tensor:
+    out = runner(**{k: v.numpy().astype(np.float32) for k, v in inputs.items()})
+    return torch.from_numpy(out["hidden"].copy())
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def latency(runner, graph, inputs: dict, repeats: int) -> dict:
+    """Median seconds of interpreter and torch eager on the same record, taking turns each round."""
+    feeds = {k: v.numpy() for k, v in inputs.items()}
+    lite, eager = [], []
+    with torch.no_grad():
+        runner(**feeds)
+        graph(**inputs)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            runner(**feeds)
+            lite.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            graph(**inputs)
+            eager.append(time.perf_counter() - t0)
+    a, b = statistics.median(lite), statistics.median(eager)
+    return {"litert_median_s": a, "torch_median_s": b, "torch_over_litert": b / a, "repeats": repeats}

@@ -1,0 +1,38 @@
+"""DVC stage `export` (one per L): the row graph of the patched fp32 stack under the form, converted
+with litert_torch -> artifacts/row_L{L}.tflite, with provenance metadata inside."""
+import argparse
+import json
+from pathlib import Path
+
+from scripts import atomic, clef_kernel, clef_qwen35_patch, export, params, row_graph, snapshot
+from scripts.clef_host import Host
+from scripts.errors import run_stage
+from scripts.measure import Stopwatch, peak_rss_bytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--length", type=int, required=True)
+    length = ap.parse_args().length
+    p = params.load(["form"])
+    form = clef_kernel.parse(p["form"])
+    rec = snapshot.load_record()
+    path = snapshot.verify(rec)
+    text = json.loads((path / "config.json").read_text())["text_config"]
+    export.check_exportable(form, length, text["max_position_embeddings"])
+
+    clock = Stopwatch()
+    model, _, _ = clef_qwen35_patch.load(path, str(form))
+    graph = row_graph.ClefRowPrefill(model, length)
+    sample = Host(path).record([0], length)
+    content = export.convert(graph, sample)
+    contract = row_graph.contract(model.config, length, str(form))
+    out = Path(f"artifacts/row_L{length}.tflite")
+    size = export.write(out, content, export.metadata(rec, str(form), length, contract))
+    atomic.write_json(f"results/export_L{length}.json", {
+        "L": length, "form": str(form), "bytes": size, "seconds": clock.seconds(), "peak_rss_bytes": peak_rss_bytes()})
+    print(f"export: {out} ({size / 2**20:.1f} MiB) in {clock.seconds():.0f} s")
+
+
+if __name__ == "__main__":
+    run_stage(main)
