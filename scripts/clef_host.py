@@ -137,3 +137,58 @@ class Host:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden states [..., H] -> logits [..., V] with the bf16 lm_head widened to fp32."""
         return hidden @ self.lm_head.to(torch.float32).T
+
+
+class PairState:
+    """A pair's model state as the host keeps it: the tensors, and what they are valid for.
+
+    The vs scale is part of the contract: under vs<k> the recurrent states are 2^k x stock, so a
+    state from one form must never be fed to a graph of another scale; the host refuses it."""
+
+    def __init__(self, tensors: dict, form: str, v_scale_log2: int, real_length: int):
+        self.tensors, self.form, self.vs, self.real_length = tensors, form, v_scale_log2, real_length
+
+
+class PairRunner:
+    """Runs a pair: `prefix` and `suffix` are callables taking named float32 tensors and returning a
+    dict of them (a torch module, or a LiteRT signature runner wrapped by `litert_signature`)."""
+
+    def __init__(self, host: Host, prefix_fn, suffix_fn, prefix_len: int, suffix_len: int, form: str,
+                 state_shapes: dict):
+        from scripts.clef_kernel import parse
+
+        self.host, self.prefix_fn, self.suffix_fn = host, prefix_fn, suffix_fn
+        self.P, self.S, self.form, self.vs = prefix_len, suffix_len, form, parse(form).vs
+        self.state_shapes = state_shapes  # name -> shape the suffix expects
+
+    def prefix(self, ids) -> tuple[torch.Tensor, PairState]:
+        if len(ids) > self.P:
+            raise ClefError(f"a prefix of {len(ids)} tokens is longer than the pair's P={self.P}")
+        out = self.prefix_fn(**self.host.record(ids, self.P))
+        hidden = out.pop("hidden")
+        return hidden[:, :len(ids)], PairState(out, self.form, self.vs, len(ids))
+
+    def suffix(self, state: PairState, ids) -> torch.Tensor:
+        if len(ids) > self.S:
+            raise ClefError(f"a suffix of {len(ids)} tokens is longer than the pair's S={self.S}")
+        if state.vs != self.vs:
+            raise ClefError(f"state was produced under {state.form} (recurrent state x 2^{state.vs}); this pair "
+                            f"runs {self.form} and needs x 2^{self.vs}: refusing a mis-scaled state")
+        for name, shape in self.state_shapes.items():
+            got = state.tensors.get(name)
+            if got is None or tuple(got.shape) != tuple(shape):
+                raise ClefError(f"state tensor {name} has shape {None if got is None else list(got.shape)}, "
+                                f"the suffix takes {list(shape)}")
+        inputs = {**self.host.record(ids, self.S, start=state.real_length), **state.tensors}
+        return self.suffix_fn(**inputs)["hidden"][:, :len(ids)]
+
+
+def litert_signature(runner):
+    """A LiteRT signature runner as a callable on torch tensors."""
+    import numpy as np
+
+    def call(**inputs):
+        out = runner(**{k: v.numpy().astype(np.float32) for k, v in inputs.items()})
+        return {k: torch.from_numpy(v.copy()) for k, v in out.items()}
+
+    return call

@@ -35,7 +35,18 @@ def convert(module: torch.nn.Module, sample_kwargs: dict) -> bytes:
     return edge.model_content()
 
 
-def metadata(rec: dict, form: str, length: int, contract: dict) -> dict:
+def convert_signatures(signatures: dict) -> bytes:
+    """One model with several named signatures {name: (module, sample_kwargs)}; modules that share
+    parameters share their weight buffers in the file."""
+    import litert_torch
+
+    converter = litert_torch.Converter()
+    for name, (module, kwargs) in signatures.items():
+        converter.signature(name, module.eval(), sample_kwargs=kwargs)
+    return converter.convert().model_content()
+
+
+def metadata(rec: dict, form: str, length, contract: dict) -> dict:
     versions = provenance.package_versions()
     return {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"], "form": form, "L": length,
             "contract_version": contract["version"], "contract": contract,

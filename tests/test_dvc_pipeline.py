@@ -114,6 +114,15 @@ def test_pipeline_end_to_end(tmp_path):
         doc = json.loads((repo / "results" / f"tflite_L{n}.json").read_text())
         assert doc["passed"] and doc["metadata"]["L"] == n and (repo / "artifacts" / f"row_L{n}.tflite").is_file()
 
+    for pair in yaml.safe_load((repo / "params.yaml").read_text())["pairs"]:
+        doc = json.loads((repo / "results" / f"pair_P{pair['prefix']}_S{pair['suffix']}.json").read_text())
+        assert doc["summary"]["passed"] and set(doc["census"]["signatures"]) == {"prefix", "suffix"}
+    # a pair stores its weights once: about the size of one row graph, not two
+    small = min(yaml.safe_load((repo / "params.yaml").read_text())["pairs"], key=lambda q: q["prefix"])
+    pair_bytes = (repo / "artifacts" / f"pair_P{small['prefix']}_S{small['suffix']}.tflite").stat().st_size
+    row_bytes = (repo / "artifacts" / f"row_L{min(lengths)}.tflite").stat().st_size
+    assert pair_bytes < 1.25 * row_bytes, (pair_bytes, row_bytes)
+
     second = dvc(repo, "repro")
     assert "Data and pipelines are up to date." in second and "Running stage" not in second, second
 
@@ -128,8 +137,14 @@ def test_pipeline_end_to_end(tmp_path):
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     changed = json.loads(dvc(repo, "status", "--json"))
     raw = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
-    form_stages = sorted(f"{n}@{i}" if "foreach" in raw[n] else n for n, st in STAGES.items()
-                         if "form" in st.get("params", []) for i in (lengths if "foreach" in raw[n] else [None]))
+
+    def instances(name):  # foreach over a list of values -> name@value; of mappings -> name@index
+        if "foreach" not in raw[name]:
+            return [name]
+        items = params[raw[name]["foreach"].strip("${}")]
+        return [f"{name}@{i if isinstance(item, dict) else item}" for i, item in enumerate(items)]
+
+    form_stages = sorted(i for n, st in STAGES.items() if "form" in st.get("params", []) for i in instances(n))
     assert len(form_stages) >= 2 and sorted(changed) == form_stages, changed  # the form's stages, nothing upstream
 
     params["form"] = "R64+sp+ec+dd+vs6"

@@ -1,0 +1,205 @@
+"""Shared-state pairs: a prefix graph and a suffix graph that pass the model state explicitly.
+
+    prefix(embeds [1, P, H], valid [1, P], cos, sin) -> hidden [1, P, H] + state
+    suffix(embeds [1, S, H], valid [1, S], cos, sin, state) -> hidden [1, S, H] + state'
+
+State, every tensor rank <= 4, fp32, named for what it is (i = the decoder layer's index):
+  gdn{i}_conv       [1, conv_dim, K-1]   the last K-1 conv inputs before the first unprocessed token
+  gdn{i}_recurrent  [1, Hv, Dk, Dv]      the delta-rule state, 2^k x stock under a vs<k> form
+  attn{i}_k, attn{i}_v  [1, Hkv, slots, D]  keys (after k_norm and rotary) and values of every slot
+  attn{i}_slots     [1, slots]           1.0 where a slot holds a real token
+The prefix state has P slots; the suffix returns the state after its own last real token, with
+P + S slots. After a right-padded prefix the state is the state at its last real token: pads add
+nothing to the recurrent state (pad guard), and the conv state is gathered from the last real
+inputs with a one-hot selection (a matmul, no GATHER op).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scripts.clef_qwen35_patch import PAD_A, clef_eager_attention, interleave_heads
+from scripts.row_graph import MASKED, causal_constant
+
+
+def gdn_step(m, hidden, valid, conv_state, recurrent_state, select_grid):
+    """One GatedDeltaNet over L tokens from a given state -> (out, conv_state', recurrent_state').
+    select_grid: the constant [1, K-1+L, K-1] of (position - offset) values for the conv selection."""
+    b, length, _ = hidden.shape
+    keep = valid.unsqueeze(-1)
+    hidden = hidden * keep
+    mixed = m.in_proj_qkv(hidden).transpose(1, 2)  # [B, C, L], zero at pads
+    z = m.in_proj_z(hidden).reshape(b, length, -1, m.head_v_dim)
+    beta = m.in_proj_b(hidden).sigmoid()
+    a = m.in_proj_a(hidden) * keep + (1.0 - keep) * PAD_A
+
+    extended = torch.cat([conv_state, mixed], dim=-1)  # [B, C, K-1+L]
+    conv = F.conv1d(extended, m.conv1d.weight, groups=extended.shape[1])  # [B, C, L]
+    mixed_qkv = F.silu(conv).transpose(1, 2) * keep
+    # new conv state: extended positions n .. n+K-2, n = real tokens, by a one-hot selection matmul
+    n = valid.sum(dim=-1, keepdim=True)[:, :, None]  # [B, 1, 1]; small integers are exact in fp32
+    select = (select_grid == n).to(hidden.dtype)  # [B, K-1+L, K-1]: 1 where position = n + offset
+    new_conv = extended @ select
+
+    q, k, v = torch.split(mixed_qkv, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
+    q = q.reshape(b, length, -1, m.head_k_dim)
+    k = k.reshape(b, length, -1, m.head_k_dim)
+    v = v.reshape(b, length, -1, m.head_v_dim)
+    softplus = m.__dict__.get("softplus", F.softplus)
+    g = -m.A_log.float().exp() * softplus(a.float() + m.dt_bias)
+    r = m.num_v_heads // m.num_k_heads
+    if r > 1:
+        q, k = interleave_heads(q, r), interleave_heads(k, r)
+    core, new_state = m.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=recurrent_state,
+                                               output_final_state=True, use_qk_l2norm_in_kernel=True)
+    core = m.norm(core.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
+    return m.out_proj(core.reshape(b, length, -1)), new_conv, new_state
+
+
+def attention_step(m, hidden, cos, sin, mask, past_k=None, past_v=None):
+    """Qwen3.5 attention (output gate, q/k norm, partial rotary) over L tokens after past slots
+    -> (out, keys of every slot, values of every slot)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
+
+    b, length, _ = hidden.shape
+    q, gate = torch.chunk(m.q_proj(hidden).view(b, length, -1, m.head_dim * 2), 2, dim=-1)
+    gate = gate.reshape(b, length, -1)
+    q = m.q_norm(q).transpose(1, 2)
+    k = m.k_norm(m.k_proj(hidden).view(b, length, -1, m.head_dim)).transpose(1, 2)
+    v = m.v_proj(hidden).view(b, length, -1, m.head_dim).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if past_k is not None:
+        k = torch.cat([past_k, k], dim=2)
+        v = torch.cat([past_v, v], dim=2)
+    out, _ = clef_eager_attention(m, q, k, v, mask, scaling=m.scaling)
+    out = out.reshape(b, length, -1) * torch.sigmoid(gate)
+    return m.o_proj(out), k, v
+
+
+def state_names(model) -> list[str]:
+    names = []
+    for i, layer in enumerate(model.layers):
+        if layer.block_type == "linear_attention":
+            names += [f"gdn{i}_conv", f"gdn{i}_recurrent"]
+        else:
+            names += [f"attn{i}_k", f"attn{i}_v", f"attn{i}_slots"]
+    return names
+
+
+def zero_state(model, slots: int = 0) -> dict:
+    """The state before any token: zeros, with `slots` empty attention slots."""
+    cfg = model.config
+    state = {}
+    for i, layer in enumerate(model.layers):
+        if layer.block_type == "linear_attention":
+            m = layer.linear_attn
+            state[f"gdn{i}_conv"] = torch.zeros(1, m.conv_dim, m.conv_kernel_size - 1)
+            state[f"gdn{i}_recurrent"] = torch.zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim)
+        else:
+            shape = (1, cfg.num_key_value_heads, slots, layer.self_attn.head_dim)
+            state[f"attn{i}_k"], state[f"attn{i}_v"] = torch.zeros(shape), torch.zeros(shape)
+            state[f"attn{i}_slots"] = torch.zeros(1, slots)
+    return state
+
+
+def select_grid(model, length: int) -> torch.Tensor:
+    """[1, K-1+L, K-1]: entry [j, t] = j - t. The new conv state takes extended position n + t, where
+    n counts the real tokens, so its selection is (grid == n): built once, compared at run time."""
+    k1 = next(layer.linear_attn.conv_kernel_size for layer in model.layers if layer.block_type == "linear_attention") - 1
+    j = torch.arange(k1 + length, dtype=torch.float32)[:, None]
+    t = torch.arange(k1, dtype=torch.float32)[None, :]
+    return (j - t)[None]
+
+
+def run_layers(model, embeds, valid, cos, sin, state: dict, causal: torch.Tensor, grid: torch.Tensor):
+    """The text stack over one segment, continuing from `state` -> (final-norm hidden, new state)."""
+    hidden = embeds
+    new = {}
+    for i, layer in enumerate(model.layers):
+        residual = hidden
+        x = layer.input_layernorm(hidden)
+        if layer.block_type == "linear_attention":
+            x, new[f"gdn{i}_conv"], new[f"gdn{i}_recurrent"] = gdn_step(
+                layer.linear_attn, x, valid, state[f"gdn{i}_conv"], state[f"gdn{i}_recurrent"], grid)
+        else:
+            past_slots = state[f"attn{i}_slots"]
+            slots = torch.cat([past_slots, valid], dim=-1)
+            past = ((1.0 - past_slots) * MASKED)[:, None, None, :].expand(-1, 1, valid.shape[-1], -1)
+            mask = torch.cat([past, causal + (1.0 - valid)[:, None, None, :] * MASKED], dim=-1)
+            past_k = state[f"attn{i}_k"] if past_slots.shape[-1] else None
+            past_v = state[f"attn{i}_v"] if past_slots.shape[-1] else None
+            x, new[f"attn{i}_k"], new[f"attn{i}_v"] = attention_step(layer.self_attn, x, cos, sin, mask, past_k, past_v)
+            new[f"attn{i}_slots"] = slots
+        hidden = residual + x
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return model.norm(hidden), new
+
+
+class PairPrefix(nn.Module):
+    """prefix(embeds, valid, cos, sin) -> {"hidden", **state}: P tokens from zero state."""
+
+    def __init__(self, text_model: nn.Module, prefix: int):
+        super().__init__()
+        self.text_model = text_model
+        self.prefix = prefix
+        self.register_buffer("causal", causal_constant(prefix), persistent=False)
+        self.register_buffer("grid", select_grid(text_model, prefix), persistent=False)
+        for name, t in zero_state(text_model, 0).items():
+            self.register_buffer("zero_" + name, t, persistent=False)
+
+    def forward(self, embeds, valid, cos, sin):
+        start = {name[5:]: buf for name, buf in self.named_buffers() if name.startswith("zero_")}
+        hidden, state = run_layers(self.text_model, embeds, valid, cos, sin, start, self.causal, self.grid)
+        return {"hidden": hidden, **state}
+
+
+class PairSuffix(nn.Module):
+    """suffix(embeds, valid, cos, sin, **state) -> {"hidden", **state'}: S tokens after P slots."""
+
+    def __init__(self, text_model: nn.Module, prefix: int, suffix: int):
+        super().__init__()
+        self.text_model = text_model
+        self.prefix, self.suffix = prefix, suffix
+        self.names = state_names(text_model)
+        self.register_buffer("causal", causal_constant(suffix), persistent=False)
+        self.register_buffer("grid", select_grid(text_model, suffix), persistent=False)
+
+    def forward(self, embeds, valid, cos, sin, **state):
+        hidden, new = run_layers(self.text_model, embeds, valid, cos, sin, state, self.causal, self.grid)
+        return {"hidden": hidden, **new}
+
+
+def contract(model, prefix: int, suffix: int, form: str) -> dict:
+    """What the pair's two signatures take and give, with the state's scale."""
+    from scripts.clef_kernel import parse
+    from scripts.row_graph import CONTRACT_VERSION, rotary_width
+
+    h, r = model.config.hidden_size, rotary_width(model.config)
+    vs = parse(form).vs
+
+    def tokens(n, start):
+        return [{"name": "embeds", "shape": [1, n, h], "dtype": "float32", "meaning": "bf16 embed_tokens rows as fp32; pad rows 0"},
+                {"name": "valid", "shape": [1, n], "dtype": "float32", "meaning": "1.0 = token, 0.0 = right pad"},
+                {"name": "cos", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE cos from position {start}"},
+                {"name": "sin", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE sin from position {start}"}]
+
+    def state(slots):
+        out = []
+        for name, t in zero_state(model, slots).items():
+            kind = name.split("_", 1)[1]
+            meaning = {"conv": "the last K-1 conv inputs before the first unprocessed token",
+                       "recurrent": f"delta-rule state after the last real token, 2^{vs} x stock (form {form})",
+                       "k": "keys of every slot (after k_norm and rotary)", "v": "values of every slot",
+                       "slots": "1.0 where a slot holds a real token"}[kind]
+            out.append({"name": name, "shape": list(t.shape), "dtype": "float32", "meaning": meaning})
+        return out
+
+    hidden = {"name": "hidden", "dtype": "float32", "meaning": "final-norm hidden states"}
+    return {"graph": "pair", "version": CONTRACT_VERSION, "P": prefix, "S": suffix, "form": form,
+            "recurrent_state_scale": 2 ** vs,
+            "signatures": {
+                "prefix": {"inputs": tokens(prefix, "0"), "outputs": [{**hidden, "shape": [1, prefix, h]}] + state(prefix)},
+                "suffix": {"inputs": tokens(suffix, "the prefix's real length") + state(prefix),
+                           "outputs": [{**hidden, "shape": [1, suffix, h]}] + state(prefix + suffix)}},
+            "rule": "suffix(prefix(x[:p]), x[p:p+s]) equals row(x[:p+s]) at the suffix positions for p <= P, s <= S"}

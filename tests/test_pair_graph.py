@@ -1,0 +1,99 @@
+"""Shared-state pairs in torch: chaining with a padded prefix, state reuse, the state against
+transformers' cache, and the host's refusals (wrong scale, wrong shape, too long)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scripts import clef_qwen35_patch as P
+from scripts import pair_check, pair_graph
+from scripts.clef_host import Host, PairRunner, PairState
+from scripts.errors import ClefError
+from scripts.row_graph import ClefRowPrefill
+
+FORM = "R64+sp+ec+dd+vs6"
+PRE, SUF = 64, 16
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_snapshot):
+    model, _, _ = P.load(tiny_snapshot, FORM, progress=False)
+    host = Host(tiny_snapshot)
+    runner = make_runner(model, host, FORM)
+    return model, host, runner
+
+
+def make_runner(model, host, form):
+    shapes = {e["name"]: e["shape"] for e in pair_graph.contract(model, PRE, SUF, form)["signatures"]["suffix"]["inputs"]
+              if e["name"] not in ("embeds", "valid", "cos", "sin")}
+
+    def fn(module):
+        def call(**inputs):
+            with torch.no_grad():
+                return dict(module(**inputs))
+        return call
+
+    return PairRunner(host, fn(pair_graph.PairPrefix(model, PRE).eval()), fn(pair_graph.PairSuffix(model, PRE, SUF).eval()),
+                      PRE, SUF, form, shapes)
+
+
+def test_chaining_matches_the_row_including_padded_prefixes(setup):
+    model, _, runner = setup
+    rows = pair_check.chaining(runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3)
+    assert {(r["p"], r["s"]) for r in rows} == {(1, 1), (1, SUF), (32, 1), (32, SUF), (64, 1), (64, SUF)}
+    assert any(r["prefix_padded"] for r in rows)
+    assert max(r["rel_vs_row"] for r in rows) < 1e-5, rows
+
+
+def test_padded_prefix_conv_state_comes_from_the_last_real_tokens(setup):
+    """The conv state after p real tokens padded to P equals the one after the same p tokens unpadded."""
+    model, host, runner = setup
+    ids = list(range(5, 25))
+    _, padded = runner.prefix(ids)
+    exact = pair_graph.PairPrefix(model, len(ids)).eval()
+    with torch.no_grad():
+        bare = exact(**host.record(ids, len(ids)))
+    for name, t in padded.tensors.items():
+        if name.endswith("_conv") or name.endswith("_recurrent"):
+            assert torch.allclose(t, bare[name], rtol=1e-5, atol=1e-6), name
+
+
+def test_one_state_many_suffixes(setup):
+    model, _, runner = setup
+    rows = pair_check.reuse(runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=9)
+    assert len(rows) == 3 and max(r["rel_vs_row"] for r in rows) < 1e-5
+
+
+def test_state_matches_transformers_cache(setup):
+    model, _, runner = setup
+    out = pair_check.state_vs_transformers(runner, model, model.config.vocab_size, seed=1)
+    assert out["max_rel"] < 1e-4, out["rel"]
+    assert any(k.endswith("_recurrent") for k in out["rel"]) and any(k.endswith("_k") for k in out["rel"])
+
+
+def test_wrong_scale_state_refused(setup):
+    model, host, runner = setup
+    _, state = runner.prefix([1, 2, 3])
+    vs8 = make_runner(model, host, "R64+sp+ec+dd+vs8")
+    with pytest.raises(ClefError, match=r"state was produced under R64\+sp\+ec\+dd\+vs6 .* x 2\^6.* needs x 2\^8"):
+        vs8.suffix(state, [4, 5])
+
+
+def test_wrong_shape_and_lengths_refused(setup):
+    _, _, runner = setup
+    _, state = runner.prefix([1, 2, 3])
+    name = next(iter(runner.state_shapes))
+    bad = PairState({**state.tensors, name: state.tensors[name][..., :1]}, state.form, state.vs, state.real_length)
+    with pytest.raises(ClefError, match=f"state tensor {name} has shape"):
+        runner.suffix(bad, [4])
+    with pytest.raises(ClefError, match="longer than the pair's S=16"):
+        runner.suffix(state, list(range(SUF + 1)))
+    with pytest.raises(ClefError, match="longer than the pair's P=64"):
+        runner.prefix(list(range(PRE + 1)))
+
+
+def test_state_is_rank4_and_named(setup):
+    model, _, runner = setup
+    _, state = runner.prefix([1, 2, 3])
+    assert set(state.tensors) == set(pair_graph.state_names(model))
+    assert all(t.dim() <= 4 and t.dtype == torch.float32 for t in state.tensors.values())
