@@ -67,18 +67,22 @@ class ClefGatedDeltaNet(M.Qwen3_5GatedDeltaNet):
 
     uses_softplus_attribute = True  # clef_kernel.apply() may set `softplus` (the sp part)
 
-    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
-        valid = attention_mask
+    def project(self, hidden_states, valid):
+        """The projections under the pad guard -> (keep [B, L, 1], pre-conv qkv [B, L, C], z, beta, a)."""
         b, length, _ = hidden_states.shape
-        keep = valid.unsqueeze(-1)  # [B, L, 1]
+        keep = valid.unsqueeze(-1)
         hidden_states = hidden_states * keep
         mixed_qkv = self.in_proj_qkv(hidden_states)
         z = self.in_proj_z(hidden_states).reshape(b, length, -1, self.head_v_dim)
         beta = self.in_proj_b(hidden_states).sigmoid()
         a = self.in_proj_a(hidden_states) * keep + (1.0 - keep) * PAD_A
+        return keep, mixed_qkv, z, beta, a
 
-        mixed_qkv = F.silu(self.conv1d(mixed_qkv.transpose(1, 2))[:, :, :length]).transpose(1, 2) * keep
-        query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    def mix(self, conv_qkv, z, beta, a, initial_state=None, output_final_state=False):
+        """Post-conv q/k/v [B, L, C] -> (layer output, final recurrent state or None): the form's
+        kernel between the head interleave and the gated norm."""
+        b, length = conv_qkv.shape[:2]
+        query, key, value = torch.split(conv_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         query = query.reshape(b, length, -1, self.head_k_dim)
         key = key.reshape(b, length, -1, self.head_k_dim)
         value = value.reshape(b, length, -1, self.head_v_dim)
@@ -89,10 +93,17 @@ class ClefGatedDeltaNet(M.Qwen3_5GatedDeltaNet):
         if r > 1:
             query, key = interleave_heads(query, r), interleave_heads(key, r)
 
-        core, _ = self.chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=None,
-                                              output_final_state=False, use_qk_l2norm_in_kernel=True)
+        core, state = self.chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                                                  output_final_state=output_final_state, use_qk_l2norm_in_kernel=True)
         core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-        return self.out_proj(core.reshape(b, length, -1))
+        return self.out_proj(core.reshape(b, length, -1)), state
+
+    def forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+        """The row graph's GatedDeltaNet: zero state in, no state out; attention_mask is `valid`."""
+        keep, mixed_qkv, z, beta, a = self.project(hidden_states, attention_mask)
+        length = mixed_qkv.shape[1]
+        conv = F.silu(self.conv1d(mixed_qkv.transpose(1, 2))[:, :, :length]).transpose(1, 2) * keep
+        return self.mix(conv, z, beta, a)[0]
 
 
 class ClefTextModel(M.Qwen3_5TextModel):

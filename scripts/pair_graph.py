@@ -19,42 +19,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scripts.clef_qwen35_patch import PAD_A, clef_eager_attention, interleave_heads
+from scripts.clef_qwen35_patch import clef_eager_attention
 from scripts.row_graph import MASKED, causal_constant
 
 
 def gdn_step(m, hidden, valid, conv_state, recurrent_state, select_grid):
     """One GatedDeltaNet over L tokens from a given state -> (out, conv_state', recurrent_state').
     select_grid: the constant [1, K-1+L, K-1] of (position - offset) values for the conv selection."""
-    b, length, _ = hidden.shape
-    keep = valid.unsqueeze(-1)
-    hidden = hidden * keep
-    mixed = m.in_proj_qkv(hidden).transpose(1, 2)  # [B, C, L], zero at pads
-    z = m.in_proj_z(hidden).reshape(b, length, -1, m.head_v_dim)
-    beta = m.in_proj_b(hidden).sigmoid()
-    a = m.in_proj_a(hidden) * keep + (1.0 - keep) * PAD_A
-
-    extended = torch.cat([conv_state, mixed], dim=-1)  # [B, C, K-1+L]
-    conv = F.conv1d(extended, m.conv1d.weight, groups=extended.shape[1])  # [B, C, L]
-    mixed_qkv = F.silu(conv).transpose(1, 2) * keep
+    keep, mixed_qkv, z, beta, a = m.project(hidden, valid)
+    extended = torch.cat([conv_state, mixed_qkv.transpose(1, 2)], dim=-1)  # [B, C, K-1+L], zero at pads
+    conv = F.silu(F.conv1d(extended, m.conv1d.weight, groups=extended.shape[1])).transpose(1, 2) * keep
     # new conv state: extended positions n .. n+K-2, n = real tokens, by a one-hot selection matmul
     n = valid.sum(dim=-1, keepdim=True)[:, :, None]  # [B, 1, 1]; small integers are exact in fp32
     select = (select_grid == n).to(hidden.dtype)  # [B, K-1+L, K-1]: 1 where position = n + offset
-    new_conv = extended @ select
-
-    q, k, v = torch.split(mixed_qkv, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
-    q = q.reshape(b, length, -1, m.head_k_dim)
-    k = k.reshape(b, length, -1, m.head_k_dim)
-    v = v.reshape(b, length, -1, m.head_v_dim)
-    softplus = m.__dict__.get("softplus", F.softplus)
-    g = -m.A_log.float().exp() * softplus(a.float() + m.dt_bias)
-    r = m.num_v_heads // m.num_k_heads
-    if r > 1:
-        q, k = interleave_heads(q, r), interleave_heads(k, r)
-    core, new_state = m.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=recurrent_state,
-                                               output_final_state=True, use_qk_l2norm_in_kernel=True)
-    core = m.norm(core.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
-    return m.out_proj(core.reshape(b, length, -1)), new_conv, new_state
+    out, new_state = m.mix(conv, z, beta, a, initial_state=recurrent_state, output_final_state=True)
+    return out, extended @ select, new_state
 
 
 def attention_step(m, hidden, cos, sin, mask, past_k=None, past_v=None):

@@ -23,6 +23,18 @@ _TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startsw
 _GDN_LAYER = re.compile(r"DecoderLayer_(\d+)/[^/;]*ClefGatedDeltaNet")
 
 
+def read_artifact(path, producer: str) -> bytes:
+    """The bytes of an artifact a stage checks, or one line naming the stage that makes it."""
+    from pathlib import Path
+
+    from scripts.errors import ClefError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no {path}: run the {producer} stage first")
+    return path.read_bytes()
+
+
 def _name(x) -> str:
     return x.decode() if isinstance(x, bytes) else (x or "")
 

@@ -31,13 +31,11 @@ def main() -> None:
     limit = float(p["verify_pair"]["max_rel_vs_row"])
     state_limit = float(p["verify_pair"]["max_rel_state_vs_transformers"])
     path = Path(f"artifacts/pair_P{a.prefix}_S{a.suffix}.tflite")
-    if not path.is_file():
-        raise ClefError(f"no {path}: run the export_pair stage first")
+    content = tflite_file.read_artifact(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     model, _, _ = clef_qwen35_patch.load(snap, form)
     host = Host(snap)
-    content = path.read_bytes()
     census = tflite_file.census(content)
     meta = tflite_file.read_metadata(content) or {}
     problems = [f"census: {v}" for v in tflite_file.violations(census)]

@@ -22,11 +22,9 @@ def main() -> None:
     form = str(clef_kernel.parse(p["form"]))
     limit = float(p["verify_tflite"]["max_rel_vs_torch"])
     path = Path(f"artifacts/row_L{length}.tflite")
-    if not path.is_file():
-        raise ClefError(f"no {path}: run the export stage first")
+    content = tflite_file.read_artifact(path, "export")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    content = path.read_bytes()
     census = tflite_file.census(content)
     meta = tflite_file.read_metadata(content)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
