@@ -38,6 +38,7 @@ def write_tiny(cache: Path) -> tuple[str, str]:
 
 def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
     """Download `repo` at the pinned `revision` (safetensors and tokenizer files only) into `cache`."""
+    import httpx
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RevisionNotFoundError
 
@@ -46,7 +47,7 @@ def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
                                  allow_patterns=HUB_PATTERNS)
     except RevisionNotFoundError:
         raise ClefError(f"revision {revision} not found in {repo}") from None
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
+    except (HfHubHTTPError, LocalEntryNotFoundError, httpx.HTTPError, OSError) as exc:
         raise ClefError(f"download of {repo}@{revision} failed: {str(exc).splitlines()[0]}") from None
     names = {p.name for p in Path(path).iterdir()}
     if not ({"model.safetensors", "model.safetensors.index.json"} & names):

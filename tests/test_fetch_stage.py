@@ -61,3 +61,19 @@ def test_hub_download_asks_for_no_pickles():
         assert not any(fnmatch.fnmatch(name, p) for p in fetch.HUB_PATTERNS), name
     for name in ("model-00001-of-00004.safetensors", "model.safetensors.index.json", "config.json", "tokenizer.json"):
         assert any(fnmatch.fnmatch(name, p) for p in fetch.HUB_PATTERNS), name
+
+
+def test_hub_source_unreachable_is_one_line_and_writes_nothing(tmp_path):
+    """No hub answers (a closed loopback port): a clear error, no hf/ and no record."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    write_params(tmp_path, source="hub")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    proc = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert_one_line_error(proc, "download of Cloudflare/clef-flash@f0b7d3cd65296abfe459e6c228b618f5d8b26d2f failed")
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "results").exists()
