@@ -2,7 +2,6 @@
 chaining against the row graph, its state against transformers' cache, state reuse, and the op census
 -> results/pair_P{P}_S{S}.json. Fails, naming the row, past a threshold or on a census violation."""
 import argparse
-import json
 from pathlib import Path
 
 import torch

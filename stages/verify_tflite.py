@@ -3,7 +3,6 @@ torch row graph, its op census read from the file, its metadata, and latency ->
 results/tflite_L{L}.json. Fails, naming the problem, on an error over the threshold or a census
 violation (rank > 4, custom / STABLEHLO / WHILE / CUMSUM / GATHER_ND ops, int64 tensors)."""
 import argparse
-import json
 from pathlib import Path
 
 import torch

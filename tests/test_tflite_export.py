@@ -2,7 +2,6 @@
 and bad requests are refused before any conversion, leaving nothing behind."""
 from __future__ import annotations
 
-import json
 import sys
 
 import numpy as np
@@ -11,7 +10,7 @@ import torch
 
 from scripts import clef_kernel, export, tflite_file
 from scripts.errors import ClefError
-from tests.conftest import assert_one_line_error, run_stage
+from tests.conftest import assert_one_line_error
 
 
 class Clean(torch.nn.Module):
