@@ -10,9 +10,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 env: $(STAMP)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	# the `clef` command, editable: it runs this checkout's code
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
 release: $(STAMP)

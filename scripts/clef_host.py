@@ -74,8 +74,12 @@ def check_inputs(embeds, valid, cos, sin, length: int, hidden_size: int, rotary:
 class Host:
     """The host-side tables of one snapshot: embed_tokens, lm_head, tokenizer, rope settings."""
 
-    def __init__(self, snapshot: Path):
+    def __init__(self, snapshot: Path, weights: Path | None = None):
+        """`snapshot`: a checkpoint directory, or a release's host/ directory (config, tokenizer and
+        model.safetensors holding only embed_tokens and lm_head); `weights`: where the tables are read
+        from when not beside the config (a release that references them instead of including them)."""
         self.snapshot = Path(snapshot)
+        self.weights = Path(weights) if weights is not None else self.snapshot
         config = json.loads((self.snapshot / "config.json").read_text())["text_config"]
         self.hidden_size = config["hidden_size"]
         self.head_dim = config["head_dim"]
@@ -88,8 +92,11 @@ class Host:
         if key not in self._tables:
             from safetensors import safe_open
 
-            wmap = json.loads((self.snapshot / "model.safetensors.index.json").read_text())["weight_map"]
-            with safe_open(str(self.snapshot / wmap[key]), framework="pt") as f:
+            index = self.weights / "model.safetensors.index.json"
+            name = json.loads(index.read_text())["weight_map"][key] if index.is_file() else "model.safetensors"
+            if not (self.weights / name).is_file():
+                raise ClefError(f"no {key} here: {self.weights / name} is missing")
+            with safe_open(str(self.weights / name), framework="pt") as f:
                 self._tables[key] = f.get_tensor(key)
         return self._tables[key]
 

@@ -2,7 +2,8 @@
 atomic write, so a conversion that fails midway leaves no `.tflite` behind.
 
 The metadata entry (`clef_litert`, JSON) makes the file self-describing: repo, revision, form, L,
-contract, the versions of torch / transformers / litert-torch, and the producing git commit.
+contract, the params it read, the versions of torch / transformers / litert-torch, and the git commit
+(and whether the pipeline's inputs were clean) that produced it.
 """
 from __future__ import annotations
 
@@ -46,12 +47,14 @@ def convert_signatures(signatures: dict) -> bytes:
     return converter.convert().model_content()
 
 
-def metadata(rec: dict, form: str, length, contract: dict) -> dict:
+def metadata(rec: dict, form: str, contract: dict, shape: dict, params_used: dict) -> dict:
+    """What `clef audit` prints from the file alone. `shape` is {"kind": "row", "L": ..} or
+    {"kind": "pair", "P": .., "S": ..}; `params_used` the params.yaml values the export read."""
     versions = provenance.package_versions()
-    return {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"], "form": form, "L": length,
-            "contract_version": contract["version"], "contract": contract,
+    return {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"], "form": form, **shape,
+            "contract_version": contract["version"], "contract": contract, "params": params_used,
             "versions": {k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
-            "git_commit": provenance.git_commit()}
+            "git": provenance.git_state()}
 
 
 def write(path: Path, content: bytes, meta: dict) -> int:

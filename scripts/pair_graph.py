@@ -82,6 +82,11 @@ def zero_state(model, slots: int = 0) -> dict:
     return state
 
 
+def state_shapes(model, slots: int) -> dict:
+    """{name: shape} of the state a suffix takes after a prefix of `slots` positions."""
+    return {name: list(t.shape) for name, t in zero_state(model, slots).items()}
+
+
 def select_grid(model, length: int) -> torch.Tensor:
     """[1, K-1+L, K-1]: entry [j, t] = j - t. The new conv state takes extended position n + t, where
     n counts the real tokens, so its selection is (grid == n): built once, compared at run time."""
@@ -140,7 +145,6 @@ class PairSuffix(nn.Module):
         super().__init__()
         self.text_model = text_model
         self.prefix, self.suffix = prefix, suffix
-        self.names = state_names(text_model)
         self.register_buffer("causal", causal_constant(suffix), persistent=False)
         self.register_buffer("grid", select_grid(text_model, suffix), persistent=False)
 

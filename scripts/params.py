@@ -46,8 +46,25 @@ def check_lengths(lengths) -> list[int]:
     return lengths
 
 
+def check_pairs(pairs) -> list[dict]:
+    """The shared-state pairs: a list of {prefix, suffix}, positive integers, each pair once."""
+    if not isinstance(pairs, list):
+        raise ClefError("params.yaml: `pairs` must be a list of {prefix: P, suffix: S}")
+    seen = set()
+    for q in pairs:
+        if not isinstance(q, dict) or set(q) != {"prefix", "suffix"}:
+            raise ClefError(f"params.yaml: pair {q!r} must be a mapping with exactly prefix and suffix")
+        for key in ("prefix", "suffix"):
+            if not isinstance(q[key], int) or isinstance(q[key], bool) or q[key] <= 0:
+                raise ClefError(f"params.yaml: pair {q!r}: {key} is not a positive integer")
+        if (q["prefix"], q["suffix"]) in seen:
+            raise ClefError(f"params.yaml: pair {q!r} is listed twice")
+        seen.add((q["prefix"], q["suffix"]))
+    return pairs
+
+
 # Sections with a check here; others (the form, thresholds) are checked by the module that owns them.
-CHECKS = {"model": check_model, "lengths": check_lengths}
+CHECKS = {"model": check_model, "lengths": check_lengths, "pairs": check_pairs}
 
 
 def load(sections=(), path: str | Path = "params.yaml") -> dict:

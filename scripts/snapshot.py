@@ -25,12 +25,17 @@ def snapshot_dir(cache: Path, repo: str, revision: str) -> Path:
     return Path(cache) / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / revision
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file, read in chunks (snapshot shards and graphs are many GB)."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
             h.update(block)
     return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return file_digest(path, "sha256")
 
 
 def refuse_pickles(names) -> None:

@@ -1,10 +1,9 @@
 """DVC stage `export` (one per L): the row graph of the patched fp32 stack under the form, converted
-with litert_torch -> artifacts/row_L{L}.tflite, with provenance metadata inside."""
+with litert_torch -> artifacts/rows/row_L{L}.tflite, with provenance metadata inside."""
 import argparse
 import json
-from pathlib import Path
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, export, params, row_graph, snapshot
+from scripts import atomic, clef_kernel, clef_qwen35_patch, export, layout, metrics, params, row_graph, snapshot
 from scripts.clef_host import Host
 from scripts.errors import run_stage
 from scripts.measure import Stopwatch, peak_rss_bytes
@@ -27,10 +26,13 @@ def main() -> None:
     sample = Host(path).record([0], length)
     content = export.convert(graph, sample)
     contract = row_graph.contract(model.config, length, str(form))
-    out = Path(f"artifacts/row_L{length}.tflite")
-    size = export.write(out, content, export.metadata(rec, str(form), length, contract))
-    atomic.write_json(f"results/export_L{length}.json", {
-        "L": length, "form": str(form), "bytes": size, "seconds": clock.seconds(), "peak_rss_bytes": peak_rss_bytes()})
+    out = layout.row_path(length)
+    meta = export.metadata(rec, str(form), contract, {"kind": "row", "L": length}, {"form": p["form"], "length": length})
+    size = export.write(out, content, meta)
+    doc = {"L": length, "form": str(form), "bytes": size, "seconds": clock.seconds(), "peak_rss_bytes": peak_rss_bytes()}
+    atomic.write_json(layout.result_path(f"export_L{length}"), doc)
+    metrics.write(f"export_L{length}", L=length, bytes=size, seconds=doc["seconds"],
+                  peak_rss_mb=doc["peak_rss_bytes"] / 2**20)
     print(f"export: {out} ({size / 2**20:.1f} MiB) in {clock.seconds():.0f} s")
 
 

@@ -1,12 +1,11 @@
-"""DVC stage `export_pair` (one per pair): artifacts/pair_P{P}_S{S}.tflite with two signatures,
+"""DVC stage `export_pair` (one per pair): artifacts/pairs/pair_P{P}_S{S}.tflite with two signatures,
 `prefix` and `suffix`, over one copy of the weights, with provenance metadata inside."""
 import argparse
 import json
-from pathlib import Path
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, export, pair_graph, params, snapshot
+from scripts import atomic, clef_kernel, clef_qwen35_patch, export, layout, metrics, pair_graph, params, snapshot
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
 from scripts.measure import Stopwatch, peak_rss_bytes
@@ -38,11 +37,16 @@ def main() -> None:
     content = export.convert_signatures({"prefix": (prefix, first),
                                          "suffix": (suffix, {**host.record([0], a.suffix, start=1), **state})})
     contract = pair_graph.contract(model, a.prefix, a.suffix, str(form))
-    out = Path(f"artifacts/pair_P{a.prefix}_S{a.suffix}.tflite")
-    size = export.write(out, content, export.metadata(rec, str(form), {"P": a.prefix, "S": a.suffix}, contract))
-    atomic.write_json(f"results/export_pair_P{a.prefix}_S{a.suffix}.json", {
-        "P": a.prefix, "S": a.suffix, "form": str(form), "bytes": size, "seconds": clock.seconds(),
-        "peak_rss_bytes": peak_rss_bytes()})
+    out = layout.pair_path(a.prefix, a.suffix)
+    meta = export.metadata(rec, str(form), contract, {"kind": "pair", "P": a.prefix, "S": a.suffix},
+                           {"form": p["form"], "prefix": a.prefix, "suffix": a.suffix})
+    size = export.write(out, content, meta)
+    name = f"export_{layout.pair_name(a.prefix, a.suffix)}"
+    doc = {"P": a.prefix, "S": a.suffix, "form": str(form), "bytes": size, "seconds": clock.seconds(),
+           "peak_rss_bytes": peak_rss_bytes()}
+    atomic.write_json(layout.result_path(name), doc)
+    metrics.write(name, P=a.prefix, S=a.suffix, bytes=size, seconds=doc["seconds"],
+                  peak_rss_mb=doc["peak_rss_bytes"] / 2**20)
     print(f"export_pair: {out} ({size / 2**20:.1f} MiB) in {clock.seconds():.0f} s")
 
 

@@ -1,7 +1,7 @@
 """DVC stage `kernel_bench`: the form's kernel vs the stock loop kernel in torch at clef-flash's head
 sizes -> results/kernel_bench.json (median time ratio in one run, torch.export node counts).
 A benchmark figure, never a test: these machines are noisy."""
-from scripts import atomic, clef_kernel, kernel_check, params
+from scripts import atomic, clef_kernel, kernel_check, layout, metrics, params
 from scripts.errors import run_stage
 
 
@@ -10,7 +10,10 @@ def main() -> None:
     form = str(clef_kernel.parse(p["form"]))
     b = p["kernel_bench"]
     doc = kernel_check.bench(form, int(b["heads"]), int(b["head_dim"]), [int(x) for x in b["lengths"]], int(b["repeats"]))
-    atomic.write_json("results/kernel_bench.json", doc)
+    atomic.write_json(layout.result_path("kernel_bench"), doc)
+    top = max(doc["rows"], key=lambda r: r["L"])
+    metrics.write("kernel_bench", L=top["L"], eager_time_stock_over_form=top["speedup_stock_over_form"],
+                  export_nodes_stock_over_form=top["export_nodes_stock"] / top["export_nodes_form"])
     for r in doc["rows"]:
         print(f"kernel_bench L={r['L']}: stock/form time {r['speedup_stock_over_form']:.2f}x, "
               f"export nodes {r['export_nodes_stock']} -> {r['export_nodes_form']}")

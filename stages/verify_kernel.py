@@ -3,7 +3,7 @@ checkpoint's GatedDeltaNet head counts -> results/kernel.json. Fails, naming the
 configured form's fp32 error crosses params.yaml's threshold."""
 import json
 
-from scripts import atomic, clef_kernel, kernel_check, params, snapshot
+from scripts import atomic, layout, metrics, clef_kernel, kernel_check, params, snapshot
 from scripts.errors import ClefError, run_stage
 
 
@@ -21,9 +21,11 @@ def main() -> None:
              "k_dim": text["linear_key_head_dim"], "v_dim": text["linear_value_head_dim"]}
     rows = kernel_check.check(heads, forms)
     summary = kernel_check.summarize(rows, form, threshold)
-    atomic.write_json("results/kernel.json", {"heads": heads, "revision": rec["revision"], "summary": summary,
+    atomic.write_json(layout.result_path("kernel"), {"heads": heads, "revision": rec["revision"], "summary": summary,
                                               "rows": rows})
     worst = summary["max_rel_vs_f64"][form]
+    metrics.write("kernel", passed=summary["passed"], max_rel=worst["out"], max_rel_state=worst["state"],
+                  threshold=threshold, fp16_max_rel=summary["fp16"][form]["max_out_rel_vs_f64"])
     print(f"verify_kernel: {form} max rel vs float64 out {worst['out']:.2e} state {worst['state']:.2e} "
           f"(threshold {threshold:g}); fp16 finite: {summary['fp16'][form]['all_finite']}")
     if not summary["passed"]:

@@ -2,7 +2,7 @@
 and pad invariance -> results/model.json. Fails, naming the row, past a threshold."""
 import json
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, model_check, params, snapshot
+from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, metrics, model_check, params, snapshot
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
 
@@ -27,7 +27,9 @@ def main() -> None:
                "max_rel_vs_stock_fp32": {str(n): max(r["rel_vs_stock_fp32"] for r in vs if r["L"] == n) for n in lengths},
                "max_stock_fp32_vs_f64": {str(n): max(r["stock_fp32_vs_f64"] for r in vs if r["L"] == n) for n in lengths},
                "all_finite": all(r["finite"] for r in rows)}
-    atomic.write_json("results/model.json", {"revision": rec["revision"], "summary": summary, "rows": rows})
+    atomic.write_json(layout.result_path("model"), {"revision": rec["revision"], "summary": summary, "rows": rows})
+    metrics.write("model", passed=summary["passed"], max_rel=max(summary["max_rel_vs_stock_f64"].values()),
+                  threshold=limits["rel_vs_stock_f64"], max_rel_fp32=max(summary["max_rel_vs_stock_fp32"].values()))
     for n in lengths:
         print(f"verify_model L={n}: rel vs stock float64 {summary['max_rel_vs_stock_f64'][str(n)]:.2e}, "
               f"vs stock fp32 {summary['max_rel_vs_stock_fp32'][str(n)]:.2e} "

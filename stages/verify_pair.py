@@ -2,11 +2,10 @@
 chaining against the row graph, its state against transformers' cache, state reuse, and the op census
 -> results/pair_P{P}_S{S}.json. Fails, naming the row, past a threshold or on a census violation."""
 import argparse
-from pathlib import Path
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, pair_check, pair_graph, params, snapshot
+from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, metrics, pair_check, pair_graph, params, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host, PairRunner, litert_signature
 from scripts.errors import ClefError, run_stage
@@ -29,7 +28,7 @@ def main() -> None:
     form = str(clef_kernel.parse(p["form"]))
     limit = float(p["verify_pair"]["max_rel_vs_row"])
     state_limit = float(p["verify_pair"]["max_rel_state_vs_transformers"])
-    path = Path(f"artifacts/pair_P{a.prefix}_S{a.suffix}.tflite")
+    path = layout.pair_path(a.prefix, a.suffix)
     content = tflite_file.read_artifact(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
@@ -40,11 +39,10 @@ def main() -> None:
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     if set(census["signatures"]) != {"prefix", "suffix"}:
         problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
-    if meta.get("form") != form or meta.get("revision") != rec["revision"]:
-        problems.append(f"metadata: form {meta.get('form')!r} / revision {meta.get('revision')!r} do not match")
+    expected = {"revision": rec["revision"], "form": form, "kind": "pair", "P": a.prefix, "S": a.suffix}
+    problems += [f"metadata: {k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
 
-    shapes = {e["name"]: e["shape"] for e in pair_graph.contract(model, a.prefix, a.suffix, form)
-              ["signatures"]["suffix"]["inputs"] if e["name"] not in ("embeds", "valid", "cos", "sin")}
+    shapes = pair_graph.state_shapes(model, a.prefix)
     runners = {"torch": PairRunner(host, torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),
                                    torch_fn(pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()),
                                    a.prefix, a.suffix, form, shapes)}
@@ -65,8 +63,12 @@ def main() -> None:
                                   for b in runners},
                "max_rel_state_vs_transformers": {b: next(r["max_rel"] for r in rows if r["backend"] == b and
                                                          r["check"] == "state_vs_transformers") for b in runners}}
-    atomic.write_json(f"results/pair_P{a.prefix}_S{a.suffix}.json",
-                      {"summary": summary, "census": census, "metadata": meta, "rows": rows})
+    name = layout.pair_name(a.prefix, a.suffix)
+    atomic.write_json(layout.result_path(name), {"summary": summary, "census": census, "metadata": meta, "rows": rows})
+    metrics.write(name, passed=summary["passed"], max_rel=max(summary["max_rel_vs_row"].values()), threshold=limit,
+                  max_rel_state=max(summary["max_rel_state_vs_transformers"].values()), P=a.prefix, S=a.suffix,
+                  bytes=len(content), op_total=census["op_total"], max_rank=census["max_rank"],
+                  ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None))
     print(f"verify_pair P={a.prefix} S={a.suffix}: chaining max rel {summary['max_rel_vs_row']}, state vs "
           f"transformers {summary['max_rel_state_vs_transformers']}, {census['op_total']} ops, max rank {census['max_rank']}")
     if problems:

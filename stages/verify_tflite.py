@@ -1,13 +1,12 @@
-"""DVC stage `verify_tflite` (one per L): artifacts/row_L{L}.tflite in the LiteRT interpreter vs the
+"""DVC stage `verify_tflite` (one per L): artifacts/rows/row_L{L}.tflite in the LiteRT interpreter vs the
 torch row graph, its op census read from the file, its metadata, and latency ->
 results/tflite_L{L}.json. Fails, naming the problem, on an error over the threshold or a census
 violation (rank > 4, custom / STABLEHLO / WHILE / CUMSUM / GATHER_ND ops, int64 tensors)."""
 import argparse
-from pathlib import Path
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, model_check, params, row_graph, snapshot
+from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, metrics, model_check, params, row_graph, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
@@ -20,14 +19,14 @@ def main() -> None:
     p = params.load(["form", "verify_tflite"])
     form = str(clef_kernel.parse(p["form"]))
     limit = float(p["verify_tflite"]["max_rel_vs_torch"])
-    path = Path(f"artifacts/row_L{length}.tflite")
+    path = layout.row_path(length)
     content = tflite_file.read_artifact(path, "export")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     census = tflite_file.census(content)
     meta = tflite_file.read_metadata(content)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
-    expected = {"repo": rec["repo"], "revision": rec["revision"], "form": form, "L": length,
+    expected = {"repo": rec["repo"], "revision": rec["revision"], "form": form, "kind": "row", "L": length,
                 "contract_version": row_graph.CONTRACT_VERSION}
     if meta is None:
         problems.append("metadata: no clef_litert entry")
@@ -56,8 +55,12 @@ def main() -> None:
            "passed": not problems, "problems": problems, "rows": rows,
            "max_rel_vs_torch": max(r["rel_vs_torch"] for r in rows), "census": census, "metadata": meta,
            "latency": timing}
-    atomic.write_json(f"results/tflite_L{length}.json", doc)
+    atomic.write_json(layout.result_path(f"tflite_L{length}"), doc)
     gdn_ops = sorted(set(census["ops_per_gdn_layer"].values()))
+    metrics.write(f"tflite_L{length}", passed=doc["passed"], max_rel=doc["max_rel_vs_torch"], threshold=limit, L=length,
+                  bytes=len(content), op_total=census["op_total"], max_rank=census["max_rank"],
+                  ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None, torch_over_litert=timing["torch_over_litert"],
+                  litert_ms=1e3 * timing["litert_median_s"])
     print(f"verify_tflite L={length}: max rel vs torch {doc['max_rel_vs_torch']:.2e} (threshold {limit:g}); "
           f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
           f"torch/litert time {timing['torch_over_litert']:.2f}x")

@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny checkpoint written once per session, and a way to run a stage as DVC does."""
+"""Shared fixtures: the tiny checkpoint written once per session, a way to run a stage as DVC does, and
+the whole pipeline run once per session in a temporary copy of the repository."""
 from __future__ import annotations
 
 import os
@@ -58,3 +59,54 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+def repo_copy(dest: Path) -> Path:
+    """The repo's tracked and unignored files in `dest`, as a fresh git repository."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        generated = name.split("/")[0] in ("hf", "artifacts", "results") and not name.endswith(".gitignore")
+        if (ROOT / name).is_file() and not generated:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "copy")
+    return dest
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@localhost", *args], cwd=cwd,
+                          check=True, capture_output=True, text=True).stdout
+
+
+def tool_env() -> dict:
+    """The environment of a command the way a user runs it: the venv's tools first, no test paths."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def dvc(cwd: Path, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=tool_env(), capture_output=True,
+                          text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def clef(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The `clef` console script, as installed by `make env`."""
+    return subprocess.run([str(Path(sys.executable).parent / "clef"), *args], cwd=cwd, env=tool_env(),
+                          capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory) -> dict:
+    """`dvc repro` of the whole pipeline on the embedded default, once per session, in a temporary
+    git copy of the repo; the run is committed, so later changes show against it. -> {"repo", "log"}"""
+    repo = repo_copy(tmp_path_factory.mktemp("pipeline") / "repo")
+    log = dvc(repo, "repro")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "repro")
+    return {"repo": repo, "log": log}

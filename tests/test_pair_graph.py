@@ -24,8 +24,7 @@ def setup(tiny_snapshot):
 
 
 def make_runner(model, host, form):
-    shapes = {e["name"]: e["shape"] for e in pair_graph.contract(model, PRE, SUF, form)["signatures"]["suffix"]["inputs"]
-              if e["name"] not in ("embeds", "valid", "cos", "sin")}
+    shapes = pair_graph.state_shapes(model, PRE)
 
     def fn(module):
         def call(**inputs):

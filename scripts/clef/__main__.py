@@ -1,0 +1,61 @@
+"""Entry point: argument parsing and the one-line error contract (tracebacks only with --debug)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# The command runs this checkout's `scripts` library. Put the checkout first on the path: a stray
+# top-level `scripts/` directory in site-packages (xdsl, a litert-torch dependency, installs one)
+# would otherwise be taken for it as a namespace package.
+CHECKOUT = str(Path(__file__).resolve().parents[2])
+if CHECKOUT not in sys.path:
+    sys.path.insert(0, CHECKOUT)
+
+EXIT_FAILED = 1  # the command ran and found a problem (verify, audit)
+EXIT_BAD_INPUT = 2  # the command could not run on what it was given
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="clef", description="Run, verify and audit a clef-litert release.")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="tokenize, run a row graph (or a pair), print hidden states and top tokens")
+    run.add_argument("--text", required=True, help="the text (with --pair: the shared context)")
+    run.add_argument("--release", default="artifacts/release", help="release directory (default: %(default)s)")
+    run.add_argument("--pair", action="store_true", help="run --text as a shared prefix and each --question after it")
+    run.add_argument("--question", action="append", default=[], help="a question for --pair (repeatable)")
+    run.add_argument("--top", type=int, default=5, help="lm_head tokens to show (default: %(default)s)")
+    run.add_argument("--weights", help="checkpoint directory holding embed_tokens and lm_head, for a release "
+                                       "that references them instead of including them")
+
+    verify = sub.add_parser("verify", help="check a release: hashes, metadata, every signature on its reference record")
+    verify.add_argument("release", help="release directory")
+
+    audit = sub.add_parser("audit", help="what produced a .tflite, from its metadata, and whether a manifest agrees")
+    audit.add_argument("file", help="a .tflite produced by clef-litert")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        import scripts  # noqa: F401  (quiets third-party import noise)
+        from scripts.clef import commands
+
+        return getattr(commands, args.command)(args)
+    except Exception as exc:  # noqa: BLE001  (the one place that turns any failure into one line)
+        if args.debug:
+            raise
+        from scripts.errors import ClefError
+
+        message = " ".join(str(exc).split())
+        if not isinstance(exc, ClefError):
+            message = f"{type(exc).__name__}: {message} (rerun with --debug for the traceback)"
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

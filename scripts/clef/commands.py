@@ -1,0 +1,205 @@
+"""The three commands. Each returns an exit status; bad input raises ClefError (one line, exit 2)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from scripts import release
+from scripts.errors import ClefError
+
+TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- run ---------------------------------------------------------------------------------------
+
+def open_host(root: Path, manifest: dict, weights: str | None):
+    """The host tables of a release: its own bf16 embed_tokens / lm_head, or a checkpoint's
+    (--weights), checked against the hashes the manifest records."""
+    from scripts.clef_host import Host
+
+    section = manifest["host"]
+    if weights is None and section["weights"] != "include":
+        raise ClefError("this release references embed_tokens and lm_head instead of including them "
+                        f"({manifest['model']['repo']}@{manifest['model']['revision'][:12]}): pass --weights CHECKPOINT_DIR")
+    host = Host(root / "host", weights=Path(weights) if weights else None)
+    if weights is not None:
+        for role, info in section["tensors"].items():
+            t = host.embed_tokens if role == "embed_tokens" else host.lm_head
+            if release.tensor_sha256(t) != info["sha256"]:
+                raise ClefError(f"{role} in {weights} is not the one this release was built with (sha256 differs)")
+    return host
+
+
+def summarize(vector) -> str:
+    return (f"norm {float(vector.norm()):.4g}, mean {float(vector.mean()):.4g}, std {float(vector.std()):.4g}, "
+            f"min {float(vector.min()):.4g}, max {float(vector.max()):.4g}")
+
+
+def top_tokens(host, vector, k: int) -> str:
+    import torch
+
+    logits = host.logits(vector)
+    values, ids = torch.topk(logits, min(k, logits.shape[-1]))
+    return ", ".join(f"{host.tokenizer.decode([int(i)])!r} ({int(i)}) {float(v):.3f}" for v, i in zip(values, ids))
+
+
+def smallest(candidates: list, fits, what: str, need: str):
+    fitting = [c for c in candidates if fits(c)]
+    if not fitting:
+        raise ClefError(f"{need}: no {what} in this release is large enough")
+    return fitting[0]
+
+
+def run(args) -> int:
+    import torch
+
+    from scripts.clef_host import PairRunner, litert_signature
+    from scripts.tflite_check import interpreter
+
+    root = Path(args.release)
+    manifest = release.load_manifest(root)
+    if args.top < 1:
+        raise ClefError("--top must be at least 1")
+    if args.question and not args.pair:
+        raise ClefError("--question needs --pair")
+    host = open_host(root, manifest, args.weights)
+    arts = manifest["artifacts"]
+    ids = host.encode(args.text)
+    if not ids:
+        raise ClefError("--text has no tokens")
+    if not args.pair:
+        rows = sorted((a for a in arts.items() if a[1]["kind"] == "row"), key=lambda a: a[1]["L"])
+        path, art = smallest(rows, lambda a: a[1]["L"] >= len(ids), "row graph",
+                             f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})")
+        runner = interpreter(root / path).get_signature_runner()
+        out = litert_signature(runner)(**host.record(ids, art["L"]))["hidden"]
+        last = out[0, len(ids) - 1]
+        print(f"{path}: {len(ids)} tokens in L={art['L']} (form {manifest['form']}, revision {manifest['model']['revision'][:12]})")
+        print(f"hidden, last position: {summarize(last)}; all finite: {bool(torch.isfinite(out[0, :len(ids)]).all())}")
+        print(f"top lm_head tokens at the last position: {top_tokens(host, last, args.top)}")
+        return 0
+
+    if not args.question:
+        raise ClefError("--pair needs at least one --question")
+    questions = [host.encode(q) for q in args.question]
+    if not all(questions):
+        raise ClefError("a --question has no tokens")
+    pairs = sorted((a for a in arts.items() if a[1]["kind"] == "pair"), key=lambda a: (a[1]["P"], a[1]["S"]))
+    longest = max(len(q) for q in questions)
+    path, art = smallest(pairs, lambda a: a[1]["P"] >= len(ids) and a[1]["S"] >= longest, "pair",
+                         f"a context of {len(ids)} tokens and a question of {longest}")
+    interp = interpreter(root / path)
+    shapes = {e["name"]: e["shape"] for e in art["signatures"]["suffix"]["inputs"] if e["name"] not in TOKEN_INPUTS}
+    runner = PairRunner(host, litert_signature(interp.get_signature_runner("prefix")),
+                        litert_signature(interp.get_signature_runner("suffix")), art["P"], art["S"], manifest["form"], shapes)
+    hidden, state = runner.prefix(ids)
+    print(f"{path}: context of {len(ids)} tokens in P={art['P']}; context's last position: {summarize(hidden[0, -1])}")
+    for text, q in zip(args.question, questions):
+        out = runner.suffix(state, q)
+        print(f"question {text!r} ({len(q)} tokens): last position {summarize(out[0, -1])}")
+        print(f"  top lm_head tokens: {top_tokens(host, out[0, -1], args.top)}")
+    return 0
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+def verify(args) -> int:
+    from scripts import tflite_file
+
+    root = Path(args.release)
+    if not root.is_dir():
+        raise ClefError(f"{root} is not a directory")
+    manifest = release.load_manifest(root)
+    progress(f"verify {root}: hashing {len(manifest['files'])} files")
+    problems = release.check_files(root, manifest)
+    if problems:
+        for line in problems:
+            print(f"FAIL {line}")
+        print(f"verify: {len(problems)} problems; the graphs were not run (a changed file is not safe to load)")
+        return 1
+    arts = manifest["artifacts"]
+    for i, (path, art) in enumerate(sorted(arts.items()), 1):
+        progress(f"[{i}/{len(arts)}] {path}: metadata, reference record in the interpreter")
+        meta = tflite_file.read_metadata((root / path).read_bytes()) or {}
+        want = {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": art["kind"],
+                **{k: art[k] for k in ("L", "P", "S") if k in art}}
+        bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+        if bad:
+            problems.append(f"{path}: metadata {bad} disagrees with the manifest {want}")
+            continue
+        ref = art["reference"]
+        measured = release.run_reference(root / path, art["kind"], release.load_reference(root, ref["file"]))
+        ok = measured <= ref["threshold"]
+        print(f"{'ok  ' if ok else 'FAIL'} {path}: max rel {measured:.2e} vs the manifest's {ref['max_rel']:.2e} "
+              f"(threshold {ref['threshold']:g})")
+        if not ok:
+            problems.append(f"{path}: reference record error {measured:.3g} > {ref['threshold']:g}")
+    for line in problems:
+        print(f"FAIL {line}")
+    print(f"verify: {manifest['name']}: {len(manifest['files'])} files, {len(arts)} graphs, "
+          f"{'all checks passed' if not problems else f'{len(problems)} problems'}")
+    return 1 if problems else 0
+
+
+# ---- audit -------------------------------------------------------------------------------------
+
+def find_manifest(path: Path) -> Path | None:
+    """The manifest of the release a file sits in (the file's directory or its parent)."""
+    for d in (path.parent, path.parent.parent):
+        if (d / release.MANIFEST).is_file():
+            return d
+    return None
+
+
+def audit(args) -> int:
+    from scripts import tflite_file
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise ClefError(f"no file {path}")
+    content = path.read_bytes()
+    try:
+        meta = tflite_file.read_metadata(content)
+    except Exception:  # noqa: BLE001  (any parse failure means the same thing to the user)
+        raise ClefError(f"{path} is not a readable .tflite flatbuffer") from None
+    if meta is None:
+        raise ClefError(f"{path} has no clef_litert metadata: it was not produced by clef-litert")
+    shape = {k: meta[k] for k in ("L", "P", "S") if k in meta}
+    git = meta.get("git", {})
+    print(f"file:      {path} ({len(content)} bytes, sha256 {release.sha256_bytes(content)[:16]})")
+    print(f"model:     {meta['repo']} revision {meta['revision']} (source {meta['source']})")
+    print(f"graph:     {meta.get('kind')} {' '.join(f'{k}={v}' for k, v in shape.items())}, form {meta['form']}, "
+          f"contract v{meta['contract_version']}")
+    changed = git.get("changed", [])
+    more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+    tree = {True: "clean", False: f"uncommitted changes: {', '.join(changed[:5])}{more}", None: "not in git"}
+    print(f"commit:    {git.get('commit')} ({tree[git.get('clean')]})")
+    print(f"params:    {json.dumps(meta.get('params'), sort_keys=True)}")
+    print(f"versions:  {', '.join(f'{k} {v}' for k, v in sorted(meta['versions'].items()))}")
+    root = find_manifest(path)
+    if root is None:
+        print("manifest:  none beside this file")
+        return 0
+    manifest = release.load_manifest(root)
+    digest = release.sha256_bytes(content)
+    rel = str(path.resolve().relative_to(root.resolve()))
+    art = manifest["artifacts"].get(rel)
+    disagree = []
+    if art is None:
+        disagree.append(f"{rel} is not listed")
+    else:
+        if art["sha256"] != digest:
+            disagree.append("its sha256 differs from the manifest's")
+        want = {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": art["kind"],
+                **{k: art[k] for k in ("L", "P", "S") if k in art}}
+        disagree += [f"{k} is {meta.get(k)!r} here, {v!r} in the manifest" for k, v in want.items() if meta.get(k) != v]
+    if disagree:
+        print(f"manifest:  {root / release.MANIFEST} DISAGREES: {'; '.join(disagree)}")
+        return 1
+    print(f"manifest:  {root / release.MANIFEST} agrees (sha256, revision, form, shape)")
+    return 0

@@ -1,0 +1,33 @@
+"""One timed conversion of the L=64 row graph under a kernel form: conversion time, op counts and
+interpreter latency. The export_stock and export_bench stages each run it once, so the stock `loop`
+kernel's slow conversion (~6 min here) is redone only when the checkpoint changes, not the form."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from scripts import clef_qwen35_patch, export, model_check, row_graph, tflite_check, tflite_file
+from scripts.clef_host import Host
+from scripts.measure import Stopwatch
+
+BENCH_L = 64
+
+
+def convert_timed(snap: Path, form: str, host: Host, repeats: int = 5) -> dict:
+    model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
+    graph = row_graph.ClefRowPrefill(model, BENCH_L)
+    inputs = host.record(model_check.random_ids(BENCH_L, model.config.vocab_size, BENCH_L), BENCH_L)
+    clock = Stopwatch()
+    content = export.convert(graph, inputs)
+    seconds = clock.seconds()
+    census = tflite_file.census(content)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.tflite"
+        path.write_bytes(content)
+        runner = tflite_check.interpreter(path).get_signature_runner()
+        timing = tflite_check.latency(runner, graph, inputs, repeats=repeats)
+    per_layer = list(census["ops_per_gdn_layer"].values())
+    return {"form": form, "L": BENCH_L, "convert_seconds": seconds, "op_total": census["op_total"],
+            "ops_per_gdn_layer_max": max(per_layer), "ops_per_gdn_layer_min": min(per_layer),
+            "violations": tflite_file.violations(census), "litert_median_s": timing["litert_median_s"],
+            "torch_median_s": timing["torch_median_s"]}

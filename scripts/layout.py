@@ -1,0 +1,43 @@
+"""Where the pipeline puts things: one place for every artifact and result path.
+
+Rows and pairs sit in their own directories so that a stage can depend on all of them (the release
+does) without depending on the release itself; the compact per-check figures that `dvc metrics show`
+tabulates sit in results/metrics/, the detailed records beside them in results/.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROWS = Path("artifacts/rows")
+PAIRS = Path("artifacts/pairs")
+RELEASE = Path("artifacts/release")
+DIST = Path("artifacts/dist")
+RESULTS = Path("results")
+METRICS = RESULTS / "metrics"
+PLOTS = RESULTS / "plots"
+
+
+def row_name(length: int) -> str:
+    return f"row_L{length}"
+
+
+def pair_name(prefix: int, suffix: int) -> str:
+    return f"pair_P{prefix}_S{suffix}"
+
+
+def row_path(length: int) -> Path:
+    return ROWS / f"{row_name(length)}.tflite"
+
+
+def pair_path(prefix: int, suffix: int) -> Path:
+    return PAIRS / f"{pair_name(prefix, suffix)}.tflite"
+
+
+def result_path(name: str) -> Path:
+    """The detailed record of one check, e.g. result_path("tflite_L64")."""
+    return RESULTS / f"{name}.json"
+
+
+def metrics_path(name: str) -> Path:
+    """The compact figures of one check, one row of `dvc metrics show`."""
+    return METRICS / f"{name}.json"

@@ -1,0 +1,158 @@
+"""DVC stage `release`: the row graphs and pairs, host files, reference records, model card and
+manifest -> artifacts/release/, its tarball -> artifacts/dist/<model>-<revision>-<form>.tar.gz, and the
+by-length tables `dvc plots show` draws -> results/plots/.
+
+Refuses, before building anything, an artifact that is missing, whose metadata names another
+revision, form or shape, or whose verify stage did not pass; and after running each reference
+record, one whose error is over the threshold its verify stage held it to.
+"""
+import json
+import shutil
+
+from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, model_check, pair_graph, params, provenance
+from scripts import release, release_card, row_graph, snapshot, tflite_file
+from scripts.clef_host import Host
+from scripts.errors import ClefError, run_stage
+
+REFERENCE_SEED = 20261129
+
+
+def planned(p: dict) -> list[dict]:
+    """The artifacts params.yaml asks for, each with the checks that vouch for it."""
+    out = [{"kind": "row", "shape": {"L": n}, "path": layout.row_path(n), "checks": [f"tflite_L{n}", f"export_L{n}"],
+            "threshold": float(p["verify_tflite"]["max_rel_vs_torch"])} for n in params.check_lengths(p["lengths"])]
+    for q in params.check_pairs(p["pairs"]):
+        name = layout.pair_name(q["prefix"], q["suffix"])
+        out.append({"kind": "pair", "shape": {"P": q["prefix"], "S": q["suffix"]},
+                    "path": layout.pair_path(q["prefix"], q["suffix"]), "checks": [name, f"export_{name}"],
+                    "threshold": float(p["verify_pair"]["max_rel_vs_row"])})
+    return out
+
+
+def producer(check: str) -> str:
+    """The stage that writes results/metrics/<check>.json."""
+    for prefix, stage in (("tflite_", "verify_tflite"), ("export_pair_", "export_pair"), ("export_L", "export"),
+                          ("pair_", "verify_pair"), ("kernel_bench", "kernel_bench"), ("kernel", "verify_kernel"),
+                          ("layers", "verify_layers"), ("model", "verify_model")):
+        if check.startswith(prefix):
+            return stage
+    return check
+
+
+def read_metrics(name: str) -> dict:
+    return json.loads(tflite_file.read_artifact(layout.metrics_path(name), producer(name)))
+
+
+def preflight(items: list[dict], rec: dict, form: str) -> None:
+    """Everything the release will vouch for is there, verified, and of this revision and form."""
+    for it in items:
+        content = tflite_file.read_artifact(it["path"], f"export{'_pair' if it['kind'] == 'pair' else ''}")
+        meta = tflite_file.read_metadata(content) or {}
+        want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
+        bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+        if bad:
+            raise ClefError(f"{it['path']}: metadata {bad} does not match {want}; rerun its export stage")
+        for check in it["checks"]:
+            m = read_metrics(check)
+            if m.get("passed") is False:
+                raise ClefError(f"{it['path']}: check {check} did not pass; not releasing it")
+        it["metadata"], it["census"] = meta, tflite_file.census(content)
+
+
+def reference_record(it: dict, model, host: Host) -> dict:
+    """One fixed record per artifact: a right-padded row; a pair with a half-full prefix."""
+    vocab = model.config.vocab_size
+    if it["kind"] == "row":
+        n = it["shape"]["L"]
+        ids = model_check.random_ids(n - n // 3, vocab, REFERENCE_SEED + n)
+        return release.row_reference(row_graph.ClefRowPrefill(model, n).eval(), host.record(ids, n))
+    P, S = it["shape"]["P"], it["shape"]["S"]
+    p = max(1, P // 2)
+    ids = model_check.random_ids(p + S, vocab, REFERENCE_SEED + P + S)
+    return release.pair_reference(row_graph.ClefRowPrefill(model, P + S).eval(), host.record(ids[:p], P),
+                                  host.record(ids[p:], S, start=p), host.record(ids, P + S))
+
+
+def main() -> None:
+    p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
+    form = str(clef_kernel.parse(p["form"]))
+    mode = release.check_host_weights(p["release"]["host_weights"])
+    items = planned(p)
+    rec = snapshot.load_record()
+    snap = snapshot.verify(rec)
+    preflight(items, rec, form)
+    overall = {name: read_metrics(name) for name in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
+    if not all(overall[n].get("passed", True) for n in overall):
+        raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
+
+    from safetensors.torch import save_file
+
+    model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
+    host = Host(snap)
+    build = atomic.partial_dir(layout.RELEASE)
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    host_section = release.host_files(snap, host, build, mode)
+    artifacts = {}
+    lock = release.lock_stages()
+    for i, it in enumerate(items, 1):
+        rel_path = f"{it['kind']}s/{it['path'].name}"
+        print(f"release [{i}/{len(items)}] {rel_path}: reference record", flush=True)
+        release.place(it["path"], build / rel_path)
+        record = reference_record(it, model, host)
+        check_file = f"checks/{it['path'].stem}.safetensors"
+        (build / "checks").mkdir(exist_ok=True)
+        save_file(record, str(build / check_file))
+        measured = release.run_reference(build / rel_path, it["kind"], record)
+        if not measured <= it["threshold"]:
+            raise ClefError(f"{rel_path}: reference record error {measured:.3g} > {it['threshold']:g}")
+        contract = it["metadata"]["contract"]
+        export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
+        artifacts[rel_path] = {
+            "kind": it["kind"], **it["shape"], "form": form, "sha256": release.sha256_file(build / rel_path),
+            "bytes": (build / rel_path).stat().st_size, "md5": release.md5_file(build / rel_path),
+            "dvc_lock": {"stage": export_stage, "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None},
+            "signatures": release.signatures(it["census"], contract),
+            "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
+            "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
+            "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
+            "verification": {c: read_metrics(c) for c in it["checks"]},
+            "reference": {"file": check_file, "max_rel": measured, "threshold": it["threshold"]}}
+
+    name = release.release_name(rec, form)
+    card = release_card.render(name, rec, form, host_section, artifacts, overall)
+    atomic.write_text(build / release.CARD, card)
+    files = release.file_table(build)
+    git = provenance.git_state()
+    manifest = {
+        "format": release.FORMAT, "name": name,
+        "model": {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"],
+                  "snapshot_files": {e["name"]: {"sha256": e["sha256"], "size": e["size"]}
+                                     for e in sorted(rec["files"], key=lambda e: e["name"])}},
+        "form": form, "params": p, "versions": provenance.package_versions(), "git": git,
+        "host": host_section, "artifacts": artifacts, "verification": overall, "stages": lock, "files": files}
+    atomic.write_json(build / release.MANIFEST, manifest)
+    atomic.swap_in_dir(build, layout.RELEASE)
+
+    dist = atomic.partial_dir(layout.DIST)
+    shutil.rmtree(dist, ignore_errors=True)
+    release.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
+    atomic.swap_in_dir(dist, layout.DIST)
+
+    rows = [{"L": a["L"], "max_rel_vs_torch": a["verification"][f"tflite_L{a['L']}"]["max_rel"],
+             "litert_ms": a["verification"][f"tflite_L{a['L']}"].get("litert_ms"),
+             "torch_over_litert": a["verification"][f"tflite_L{a['L']}"].get("torch_over_litert"),
+             "ops_per_gdn_layer": a["verification"][f"tflite_L{a['L']}"].get("ops_per_gdn_layer")}
+            for a in sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])]
+    pairs = [{"P": a["P"], "S": a["S"], "max_rel_vs_row": a["verification"][layout.pair_name(a["P"], a["S"])]["max_rel"],
+              "bytes": a["bytes"]}
+             for a in sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: a["P"])]
+    atomic.write_json(layout.PLOTS / "rows.json", rows)
+    atomic.write_json(layout.PLOTS / "pairs.json", pairs)
+    print(f"release: {layout.RELEASE} ({len(files)} files, {len(artifacts)} graphs), "
+          f"{layout.DIST / (name + '.tar.gz')}; git {git['commit'] and git['commit'][:12]}"
+          f"{'' if git['clean'] else ' (uncommitted changes: ' + ', '.join(git['changed'][:5]) + ')'}")
+
+
+if __name__ == "__main__":
+    run_stage(main)
