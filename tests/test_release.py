@@ -129,7 +129,10 @@ def built(pipeline) -> Path:
 
 @pytest.fixture
 def release_copy(built, tmp_path) -> Path:
+    """A writable copy to tamper with (DVC leaves the release's files read-only)."""
     shutil.copytree(built, tmp_path / "release")
+    for f in (tmp_path / "release").rglob("*"):
+        f.chmod(0o755 if f.is_dir() else 0o644)
     return tmp_path / "release"
 
 
@@ -270,3 +273,8 @@ def test_clef_runs_as_a_module(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "clef", "--help"], cwd=tmp_path, env=tool_env(),
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "verify" in proc.stdout and "audit" in proc.stdout
+
+
+def test_clef_debug_shows_the_traceback(tmp_path):
+    proc = clef(tmp_path, "--debug", "verify", "no/such/dir")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "not a directory" in proc.stderr
