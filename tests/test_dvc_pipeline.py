@@ -200,8 +200,8 @@ def pulled_clone(pipeline, tmp_path_factory) -> Path:
     repo = pipeline["repo"]
     remote = tmp_path_factory.mktemp("remote")
     dvc(repo, "remote", "add", "--default", "team", str(remote))
-    git(repo, "add", ".dvc/config")
-    git(repo, "commit", "-qm", "remote")
+    git(repo, "add", "-A")  # the remote's config and the dvc.lock of what is pushed, as a team commits them
+    git(repo, "commit", "-qm", "release and remote")
     dvc(repo, "push")
     clone = tmp_path_factory.mktemp("clone") / "repo"
     git(repo.parent, "clone", "-q", str(repo), str(clone))
