@@ -9,7 +9,7 @@ record, one whose error is over the threshold its verify stage held it to.
 import json
 import shutil
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, model_check, pair_graph, params, provenance
+from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, model_check, params, provenance
 from scripts import release, release_card, row_graph, snapshot, tflite_file
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
