@@ -73,6 +73,11 @@ def place(src: Path, dest: Path) -> None:
 
 # ---- host files --------------------------------------------------------------------------------
 
+def host_tables(host) -> dict:
+    """{role: tensor} of the host tables a release carries (roles as in HOST_TENSORS)."""
+    return {"embed_tokens": host.embed_tokens, "lm_head": host.lm_head}
+
+
 def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
     """Copy the snapshot's non-weight files (config, tokenizer) to dest/host and, under mode
     `include`, embed_tokens and lm_head as bf16 safetensors; -> the manifest's `host` section."""
@@ -84,14 +89,13 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
             shutil.copyfile(f, dest / "host" / f.name)
     index = json.loads((snap / "model.safetensors.index.json").read_text())["weight_map"]
-    tensors = {}
-    for role, key in HOST_TENSORS.items():
-        t = host.embed_tokens if role == "embed_tokens" else host.lm_head
-        tensors[role] = {"key": key, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-                         "sha256": tensor_sha256(t), "source_file": index[key]}
+    tables = host_tables(host)
+    tensors = {role: {"key": key, "dtype": str(tables[role].dtype).replace("torch.", ""),
+                      "shape": list(tables[role].shape), "sha256": tensor_sha256(tables[role]),
+                      "source_file": index[key]} for role, key in HOST_TENSORS.items()}
     if mode == "include":
-        save_file({info["key"]: (host.embed_tokens if role == "embed_tokens" else host.lm_head).contiguous()
-                   for role, info in tensors.items()}, str(dest / HOST_WEIGHTS), metadata={"format": "pt"})
+        save_file({key: tables[role].contiguous() for role, key in HOST_TENSORS.items()},
+                  str(dest / HOST_WEIGHTS), metadata={"format": "pt"})
     return {"weights": mode, "tensors": tensors,
             "weights_file": HOST_WEIGHTS if mode == "include" else None}
 

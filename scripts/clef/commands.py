@@ -28,9 +28,9 @@ def open_host(root: Path, manifest: dict, weights: str | None):
                         f"({manifest['model']['repo']}@{manifest['model']['revision'][:12]}): pass --weights CHECKPOINT_DIR")
     host = Host(root / "host", weights=Path(weights) if weights else None)
     if weights is not None:
+        tables = release.host_tables(host)
         for role, info in section["tensors"].items():
-            t = host.embed_tokens if role == "embed_tokens" else host.lm_head
-            if release.tensor_sha256(t) != info["sha256"]:
+            if release.tensor_sha256(tables[role]) != info["sha256"]:
                 raise ClefError(f"{role} in {weights} is not the one this release was built with (sha256 differs)")
     return host
 
