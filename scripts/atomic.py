@@ -5,6 +5,7 @@ directories are built under a `.partial` name and swapped in whole.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,19 +13,41 @@ import tempfile
 from pathlib import Path
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+@contextlib.contextmanager
+def writing(path: str | os.PathLike):
+    """Open a temporary file beside `path` for binary writing; it replaces `path` only when the block
+    ends without an exception (flushed and fsynced first), and is removed otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def scratch_file(beside: str | os.PathLike, suffix: str):
+    """A path for an intermediate file next to `beside` (same filesystem: a multi-GB graph is not
+    copied across devices), removed when the block ends, whatever happens."""
+    beside = Path(beside)
+    beside.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=beside.parent, prefix=f".{beside.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with writing(path) as f:
+        f.write(data)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

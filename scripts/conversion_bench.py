@@ -17,13 +17,12 @@ def convert_timed(snap: Path, form: str, host: Host, repeats: int = 5) -> dict:
     model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
     graph = row_graph.ClefRowPrefill(model, BENCH_L)
     inputs = host.record(model_check.random_ids(BENCH_L, model.config.vocab_size, BENCH_L), BENCH_L)
-    clock = Stopwatch()
-    content = export.convert(graph, inputs)
-    seconds = clock.seconds()
-    census = tflite_file.census(content)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.tflite"
-        path.write_bytes(content)
+        clock = Stopwatch()
+        export.convert(graph, inputs, path)
+        seconds = clock.seconds()
+        census = tflite_file.census(path)
         runner = tflite_check.interpreter(path).get_signature_runner()
         timing = tflite_check.latency(runner, graph, inputs, repeats=repeats)
     per_layer = list(census["ops_per_gdn_layer"].values())

@@ -15,9 +15,13 @@ class ClefError(Exception):
 
 
 def run_stage(main: Callable[[], None]) -> None:
-    """Run a stage's main(); a ClefError becomes `error: <message>` on stderr and exit status 2."""
+    """Run a stage's main(); a ClefError becomes `error: <message>` on stderr and exit status 2.
+    A stage that finishes leaves its time and peak memory in results/runtime/ (scripts/measure.py)."""
     try:
         main()
+        from scripts.measure import record_runtime
+
+        record_runtime()
     except ClefError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message was built from
         print(f"error: {message}", file=sys.stderr, flush=True)

@@ -15,6 +15,9 @@ DIST = Path("artifacts/dist")
 RESULTS = Path("results")
 METRICS = RESULTS / "metrics"
 PLOTS = RESULTS / "plots"
+RUNTIME = RESULTS / "runtime"  # each stage's time and peak memory (scripts/measure.py); not DVC outputs
+BENCH = RESULTS / "bench.json"
+REAL_WIDTH = Path("artifacts/real-width")  # the real-width run's own workspace (make real-width)
 
 
 def row_name(length: int) -> str:
@@ -41,3 +44,7 @@ def result_path(name: str) -> Path:
 def metrics_path(name: str) -> Path:
     """The compact figures of one check, one row of `dvc metrics show`."""
     return METRICS / f"{name}.json"
+
+
+def runtime_path(stage: str, root: str | Path = ".") -> Path:
+    return Path(root) / RUNTIME / f"{stage}.json"

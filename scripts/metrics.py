@@ -21,6 +21,7 @@ KEYS = {
     "torch_over_litert": "torch eager time / LiteRT interpreter time, medians of one run",
     "litert_ms": "LiteRT interpreter time per record, median of one run, ms",
     "seconds": "stage wall time", "peak_rss_mb": "stage peak resident memory, MiB",
+    "rss_budget_mb": "the peak resident memory the stage is held to (params.yaml), MiB",
     "gdn_ops_stock_over_form": "ops per GatedDeltaNet, stock loop kernel / form",
     "convert_time_stock_over_form": "conversion time, stock loop kernel / form",
     "litert_time_stock_over_form": "interpreter time, stock loop kernel / form",

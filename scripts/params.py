@@ -11,7 +11,7 @@ import yaml
 
 from scripts.errors import ClefError
 
-SOURCES = ("tiny", "hub")
+SOURCES = ("tiny", "synthetic", "hub")
 REVISION = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -22,6 +22,11 @@ def check_model(model) -> dict:
     source = model.get("source")
     if source not in SOURCES:
         raise ClefError(f"params.yaml: unknown model.source {source!r}; valid sources: {', '.join(SOURCES)}")
+    if source == "synthetic":
+        layers = model.get("synthetic_layers")
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ClefError(f"params.yaml: model.synthetic_layers {layers!r} is not a positive integer "
+                            "(the real-width synthetic checkpoint's layer count)")
     repo = model.get("repo")
     if not isinstance(repo, str) or not REPO.fullmatch(repo):
         raise ClefError(f"params.yaml: model.repo {repo!r} is not an <org>/<name> repository id")

@@ -5,12 +5,20 @@ than trusted from the converter: every op with its count, the largest tensor ran
 and the ops of each GatedDeltaNet layer (attributed through the source-module paths the converter
 writes into tensor names). `violations()` lists what makes a model unfit: a tensor of rank > 4, a
 custom op, a STABLEHLO_* op, WHILE, CUMSUM, GATHER_ND, an int64 tensor.
+
+A flatbuffer cannot exceed 2 GB, so a larger model is written as a small flatbuffer head followed by
+the weight data, each buffer naming its absolute file offset. Everything here reads only the head
+(`read_head`), and `write_with_metadata` rebuilds the head and streams the data after it, shifting
+the offsets: a 3.5 GB graph is never held in memory, let alone re-serialized.
 """
 from __future__ import annotations
 
 import collections
 import json
+import mmap
 import re
+import shutil
+from pathlib import Path
 
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
@@ -23,16 +31,44 @@ _TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startsw
 _GDN_LAYER = re.compile(r"DecoderLayer_(\d+)/[^/;]*ClefGatedDeltaNet")
 
 
-def read_artifact(path, producer: str) -> bytes:
-    """The bytes of an artifact a stage checks, or one line naming the stage that makes it."""
-    from pathlib import Path
+DATA_ALIGN = 64  # external buffers start on 64-byte boundaries (the converter's own choice: SIMD loads)
+COPY_CHUNK = 1 << 26
 
+
+def require(path, producer: str) -> Path:
+    """The path of an artifact a stage reads, or one line naming the stage that makes it."""
     from scripts.errors import ClefError
 
     path = Path(path)
     if not path.is_file():
         raise ClefError(f"no {path}: run the {producer} stage first")
-    return path.read_bytes()
+    return path
+
+
+def read_artifact(path, producer: str) -> bytes:
+    """The bytes of a small artifact (a JSON record) a stage reads; see `require`."""
+    return require(path, producer).read_bytes()
+
+
+def _data_start(buf) -> int:
+    """Where the external weight data begins (the smallest buffer offset), or len(buf) if the model
+    keeps all its data inside the flatbuffer. Offsets 0 and 1 mean "inline" in the schema."""
+    model = schema.Model.GetRootAs(buf, 0)
+    offsets = [model.Buffers(i).Offset() for i in range(model.BuffersLength())]
+    external = [o for o in offsets if o > 1]
+    return min(external) if external else len(buf)
+
+
+def read_head(path) -> bytes:
+    """The flatbuffer part of a .tflite file: the whole file when it is under the 2 GB limit, else
+    the bytes before the first external buffer (read through mmap, never the weights)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return bytes(mm[:_data_start(mm)])
+
+
+def _head_of(model) -> bytes:
+    """`model` is the bytes of a whole (small) model, or a path to a file of any size."""
+    return model if isinstance(model, (bytes, bytearray)) else read_head(model)
 
 
 def _name(x) -> str:
@@ -47,8 +83,9 @@ def op_name(model, op) -> str:
     return _OP_NAMES.get(builtin, f"UNKNOWN_{builtin}")
 
 
-def census(content: bytes) -> dict:
-    model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
+def census(source) -> dict:
+    """`source`: model bytes or a .tflite path."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(_head_of(source)))
     ops = collections.Counter()
     dtypes = collections.Counter()
     max_rank = 0
@@ -95,10 +132,19 @@ def violations(c: dict) -> list[str]:
     return out
 
 
-def with_metadata(content: bytes, meta: dict) -> bytes:
-    """The model with `meta` (JSON) stored as its metadata entry METADATA_NAME (replacing an old one)."""
-    model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
+def _with_entry(head: bytes, meta: dict, shift: int):
+    """The object-API model of `head` with `meta` as its METADATA_NAME entry (an old one replaced)
+    and every external buffer offset moved by `shift` bytes."""
+    # convert_bytearray_to_object, not read_model_from_bytearray: the latter resolves external
+    # buffers into inline data and zeroes their offsets, which would silently drop the weights.
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
+    for op in (o for sg in model.subgraphs for o in sg.operators):
+        if getattr(op, "largeCustomOptionsOffset", 0) > 1:
+            raise ValueError("a model with external custom options cannot be re-headed")
     model.metadata = [m for m in (model.metadata or []) if _name(m.name) != METADATA_NAME]
+    for buf in model.buffers:
+        if buf.offset > 1:
+            buf.offset += shift
     buf = schema.BufferT()
     buf.data = list(json.dumps(meta, sort_keys=True).encode())
     model.buffers.append(buf)
@@ -109,9 +155,48 @@ def with_metadata(content: bytes, meta: dict) -> bytes:
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
 
 
-def read_metadata(content: bytes) -> dict | None:
-    model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
-    for m in model.metadata or []:
-        if _name(m.name) == METADATA_NAME:
-            return json.loads(bytes(model.buffers[m.buffer].data).decode())
+def with_metadata(content: bytes, meta: dict) -> bytes:
+    """A small (inline-data) model's bytes with `meta` stored as its METADATA_NAME entry."""
+    if _data_start(content) != len(content):
+        raise ValueError("model has external buffers: use write_with_metadata on its file")
+    return _with_entry(content, meta, 0)
+
+
+def write_with_metadata(src, dst, meta: dict) -> int:
+    """Write model file `src` to `dst` (atomically) with `meta` as its METADATA_NAME entry; -> bytes.
+
+    A model with external buffers gets a new head, then the data region copied unchanged and shifted
+    as a whole by a multiple of DATA_ALIGN, so every buffer keeps its alignment."""
+    from scripts import atomic
+
+    src = Path(src)
+    size = src.stat().st_size
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        start = _data_start(mm)
+        head = bytes(mm[:start])
+    if start == size:
+        atomic.write_bytes(dst, _with_entry(head, meta, 0))
+        return Path(dst).stat().st_size
+    # The new head's length does not depend on the shift (offsets are fixed-width fields), so one
+    # trial build gives the length; the shift is then the smallest aligned one that clears it.
+    grown = len(_with_entry(head, meta, 0)) - start
+    shift = -(-grown // DATA_ALIGN) * DATA_ALIGN
+    new_head = _with_entry(head, meta, shift)
+    assert len(new_head) <= start + shift
+    with atomic.writing(dst) as out, open(src, "rb") as f:
+        out.write(new_head)
+        out.write(bytes(start + shift - len(new_head)))
+        f.seek(start)
+        shutil.copyfileobj(f, out, COPY_CHUNK)
+    return Path(dst).stat().st_size
+
+
+def read_metadata(source) -> dict | None:
+    """The METADATA_NAME entry of model bytes or a .tflite path (only its head is read)."""
+    buf = _head_of(source)
+    model = schema.Model.GetRootAs(buf, 0)
+    for i in range(model.MetadataLength()):
+        entry = model.Metadata(i)
+        if _name(entry.Name()) == METADATA_NAME:
+            return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode())
     return None

@@ -81,25 +81,26 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start
 # A few byte-level merges so the tokenizer is a real BPE, not a byte map ("Ġ" is the byte-level space).
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"), ("Ġ", "s"),
           ("r", "e"), ("a", "t"), ("e", "n"), ("Ġ", "o"), ("Ġ", "w"), ("o", "r"), ("i", "s"), ("Ġ", "c")]
-MTP_SHAPES = {  # a few of the multi-token-prediction head's tensors: present in the snapshot, never loaded
-    "mtp.fc.weight": (TEXT_CONFIG["hidden_size"], 2 * TEXT_CONFIG["hidden_size"]),
-    "mtp.norm.weight": (TEXT_CONFIG["hidden_size"],),
-    "mtp.pre_fc_norm_embedding.weight": (TEXT_CONFIG["hidden_size"],),
-    "mtp.pre_fc_norm_hidden.weight": (TEXT_CONFIG["hidden_size"],),
-}
 SHARDS = 2
 
 
-def config() -> dict:
+def mtp_shapes(hidden: int) -> dict[str, tuple[int, ...]]:
+    """A few of the multi-token-prediction head's tensors: present in the snapshot, never loaded."""
+    return {"mtp.fc.weight": (hidden, 2 * hidden), "mtp.norm.weight": (hidden,),
+            "mtp.pre_fc_norm_embedding.weight": (hidden,), "mtp.pre_fc_norm_hidden.weight": (hidden,)}
+
+
+def config(text_config: dict = TEXT_CONFIG) -> dict:
+    """config.json for a text stack `text_config` (the tiny one by default) with the toy vision tower."""
     n = len(SPECIAL_TOKENS)
     first_special = 256 + len(MERGES)
     ids = {tok: first_special + i for i, tok in enumerate(SPECIAL_TOKENS)}
-    assert first_special + n <= TEXT_CONFIG["vocab_size"]
+    assert first_special + n <= text_config["vocab_size"]
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
-        "text_config": {**TEXT_CONFIG, "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]},
-        "vision_config": VISION_CONFIG,
+        "text_config": {**text_config, "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]},
+        "vision_config": {**VISION_CONFIG, "out_hidden_size": text_config["hidden_size"]},
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
@@ -159,7 +160,7 @@ def json_bytes(obj) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _draw(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+def _draw(name: str, shape: tuple[int, ...], projection_std: float = PROJECTION_STD) -> torch.Tensor:
     """A float32 tensor for checkpoint key `name`, from a seed derived from the name alone."""
     gen = torch.Generator().manual_seed(SEED * 2**32 + zlib.crc32(name.encode()))
     randn = lambda: torch.randn(shape, generator=gen)  # noqa: E731
@@ -176,18 +177,24 @@ def _draw(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         return NORM_STD * randn()
     if name.endswith("embed_tokens.weight"):
         return EMBED_STD * randn()
-    return PROJECTION_STD * randn()
+    return projection_std * randn()
+
+
+def shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint key of config `cfg` with its shape (read off a model built on the meta device)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**cfg))
+    out = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    out.update(mtp_shapes(cfg["text_config"]["hidden_size"]))
+    return out
 
 
 def tensors() -> dict[str, torch.Tensor]:
     """Every checkpoint tensor in bf16, keyed as in the real snapshot, in sorted key order."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
-
-    with torch.device("meta"):
-        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**config()))
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    shapes.update(MTP_SHAPES)
-    return {k: _draw(k, shapes[k]).to(torch.bfloat16).contiguous() for k in sorted(shapes)}
+    sizes = shapes(config())
+    return {k: _draw(k, sizes[k]).to(torch.bfloat16).contiguous() for k in sorted(sizes)}
 
 
 def shard_name(i: int) -> str:

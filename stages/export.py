@@ -24,11 +24,12 @@ def main() -> None:
     model, _, _ = clef_qwen35_patch.load(path, str(form))
     graph = row_graph.ClefRowPrefill(model, length)
     sample = Host(path).record([0], length)
-    content = export.convert(graph, sample)
     contract = row_graph.contract(model.config, length, str(form))
     out = layout.row_path(length)
     meta = export.metadata(rec, str(form), contract, {"kind": "row", "L": length}, {"form": p["form"], "length": length})
-    size = export.write(out, content, meta)
+    with atomic.scratch_file(out, ".raw") as raw:
+        export.convert(graph, sample, raw)
+        size = export.write(out, raw, meta)
     doc = {"L": length, "form": str(form), "bytes": size, "seconds": clock.seconds(), "peak_rss_bytes": peak_rss_bytes()}
     atomic.write_json(layout.result_path(f"export_L{length}"), doc)
     metrics.write(f"export_L{length}", L=length, bytes=size, seconds=doc["seconds"],

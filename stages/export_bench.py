@@ -24,7 +24,7 @@ def main() -> None:
     per_l = {}
     for n in lengths:
         path = layout.row_path(n)
-        census = tflite_file.census(tflite_file.read_artifact(path, f"export@{n}"))
+        census = tflite_file.census(tflite_file.require(path, f"export@{n}"))
         runner = tflite_check.interpreter(path).get_signature_runner()
         timing = tflite_check.latency(runner, row_graph.ClefRowPrefill(model, n).eval(),
                                       host.record(model_check.random_ids(n, model.config.vocab_size, n), n),

@@ -34,13 +34,14 @@ def main() -> None:
     first = host.record([0], a.prefix)
     with torch.no_grad():
         state = {k: v for k, v in prefix(**first).items() if k != "hidden"}
-    content = export.convert_signatures({"prefix": (prefix, first),
-                                         "suffix": (suffix, {**host.record([0], a.suffix, start=1), **state})})
     contract = pair_graph.contract(model, a.prefix, a.suffix, str(form))
     out = layout.pair_path(a.prefix, a.suffix)
     meta = export.metadata(rec, str(form), contract, {"kind": "pair", "P": a.prefix, "S": a.suffix},
                            {"form": p["form"], "prefix": a.prefix, "suffix": a.suffix})
-    size = export.write(out, content, meta)
+    with atomic.scratch_file(out, ".raw") as raw:
+        export.convert_signatures({"prefix": (prefix, first),
+                                   "suffix": (suffix, {**host.record([0], a.suffix, start=1), **state})}, raw)
+        size = export.write(out, raw, meta)
     name = f"export_{layout.pair_name(a.prefix, a.suffix)}"
     doc = {"P": a.prefix, "S": a.suffix, "form": str(form), "bytes": size, "seconds": clock.seconds(),
            "peak_rss_bytes": peak_rss_bytes()}

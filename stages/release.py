@@ -46,8 +46,8 @@ def read_metrics(name: str) -> dict:
 def preflight(items: list[dict], rec: dict, form: str) -> None:
     """Everything the release will vouch for is there, verified, and of this revision and form."""
     for it in items:
-        content = tflite_file.read_artifact(it["path"], f"export{'_pair' if it['kind'] == 'pair' else ''}")
-        meta = tflite_file.read_metadata(content) or {}
+        graph = tflite_file.require(it["path"], f"export{'_pair' if it['kind'] == 'pair' else ''}")
+        meta = tflite_file.read_metadata(graph) or {}
         want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
         bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
         if bad:
@@ -56,7 +56,7 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
             m = read_metrics(check)
             if m.get("passed") is False:
                 raise ClefError(f"{it['path']}: check {check} did not pass; not releasing it")
-        it["metadata"], it["census"] = meta, tflite_file.census(content)
+        it["metadata"], it["census"] = meta, tflite_file.census(graph)
 
 
 def reference_record(it: dict, model, host: Host) -> dict:

@@ -29,13 +29,13 @@ def main() -> None:
     limit = float(p["verify_pair"]["max_rel_vs_row"])
     state_limit = float(p["verify_pair"]["max_rel_state_vs_transformers"])
     path = layout.pair_path(a.prefix, a.suffix)
-    content = tflite_file.read_artifact(path, "export_pair")
+    tflite_file.require(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     model, _, _ = clef_qwen35_patch.load(snap, form)
     host = Host(snap)
-    census = tflite_file.census(content)
-    meta = tflite_file.read_metadata(content) or {}
+    census = tflite_file.census(path)
+    meta = tflite_file.read_metadata(path) or {}
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     if set(census["signatures"]) != {"prefix", "suffix"}:
         problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
@@ -58,7 +58,7 @@ def main() -> None:
             if r[key] > lim or not r.get("finite", True):
                 problems.append(f"{backend} {r['check']} p={r['p']} s={r.get('s')}: {key} {r[key]:.3g} > {lim:g}")
     summary = {"P": a.prefix, "S": a.suffix, "form": form, "passed": not problems, "problems": problems,
-               "bytes": len(content),
+               "bytes": path.stat().st_size,
                "max_rel_vs_row": {b: max(r["rel_vs_row"] for r in rows if r["backend"] == b and "rel_vs_row" in r)
                                   for b in runners},
                "max_rel_state_vs_transformers": {b: next(r["max_rel"] for r in rows if r["backend"] == b and
@@ -67,7 +67,7 @@ def main() -> None:
     atomic.write_json(layout.result_path(name), {"summary": summary, "census": census, "metadata": meta, "rows": rows})
     metrics.write(name, passed=summary["passed"], max_rel=max(summary["max_rel_vs_row"].values()), threshold=limit,
                   max_rel_state=max(summary["max_rel_state_vs_transformers"].values()), P=a.prefix, S=a.suffix,
-                  bytes=len(content), op_total=census["op_total"], max_rank=census["max_rank"],
+                  bytes=path.stat().st_size, op_total=census["op_total"], max_rank=census["max_rank"],
                   ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None))
     print(f"verify_pair P={a.prefix} S={a.suffix}: chaining max rel {summary['max_rel_vs_row']}, state vs "
           f"transformers {summary['max_rel_state_vs_transformers']}, {census['op_total']} ops, max rank {census['max_rank']}")

@@ -20,11 +20,11 @@ def main() -> None:
     form = str(clef_kernel.parse(p["form"]))
     limit = float(p["verify_tflite"]["max_rel_vs_torch"])
     path = layout.row_path(length)
-    content = tflite_file.read_artifact(path, "export")
+    tflite_file.require(path, "export")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    census = tflite_file.census(content)
-    meta = tflite_file.read_metadata(content)
+    census = tflite_file.census(path)
+    meta = tflite_file.read_metadata(path)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     expected = {"repo": rec["repo"], "revision": rec["revision"], "form": form, "kind": "row", "L": length,
                 "contract_version": row_graph.CONTRACT_VERSION}
@@ -51,14 +51,14 @@ def main() -> None:
             problems.append(f"accuracy: record {kind} (n={n}) rel_vs_torch {err:.3g} > {limit:g}")
     timing = tflite_check.latency(runner, graph, host.record(model_check.random_ids(length, vocab, length), length),
                                   int(p["verify_tflite"]["latency_repeats"]))
-    doc = {"L": length, "form": form, "file": str(path), "bytes": len(content), "threshold_rel_vs_torch": limit,
+    doc = {"L": length, "form": form, "file": str(path), "bytes": path.stat().st_size, "threshold_rel_vs_torch": limit,
            "passed": not problems, "problems": problems, "rows": rows,
            "max_rel_vs_torch": max(r["rel_vs_torch"] for r in rows), "census": census, "metadata": meta,
            "latency": timing}
     atomic.write_json(layout.result_path(f"tflite_L{length}"), doc)
     gdn_ops = sorted(set(census["ops_per_gdn_layer"].values()))
     metrics.write(f"tflite_L{length}", passed=doc["passed"], max_rel=doc["max_rel_vs_torch"], threshold=limit, L=length,
-                  bytes=len(content), op_total=census["op_total"], max_rank=census["max_rank"],
+                  bytes=path.stat().st_size, op_total=census["op_total"], max_rank=census["max_rank"],
                   ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None, torch_over_litert=timing["torch_over_litert"],
                   litert_ms=1e3 * timing["litert_median_s"])
     print(f"verify_tflite L={length}: max rel vs torch {doc['max_rel_vs_torch']:.2e} (threshold {limit:g}); "

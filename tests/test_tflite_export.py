@@ -24,9 +24,39 @@ class Rejected(torch.nn.Module):
         return {"y": torch.cumsum(x, dim=1) + five.reshape(1, 8).sum()}
 
 
+def convert_bytes(module, sample, tmp) -> bytes:
+    path = tmp / "converted.tflite"
+    export.convert(module, sample, path)
+    return path.read_bytes()
+
+
 @pytest.fixture(scope="module")
-def clean_model() -> bytes:
-    return export.convert(Clean(), {"x": torch.randn(1, 4, 8)})
+def clean_model(tmp_path_factory) -> bytes:
+    return convert_bytes(Clean(), {"x": torch.randn(1, 4, 8)}, tmp_path_factory.mktemp("clean"))
+
+
+def externalized(content: bytes) -> bytes:
+    """The same model in the >2 GB layout: every buffer's data moved after the flatbuffer head, at
+    an absolute, 64-byte-aligned offset (what the converter writes for a model over the limit)."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
+    blobs = []
+    for buf in model.buffers:
+        if buf.data is not None and len(buf.data):
+            blobs.append((buf, bytes(bytearray(buf.data))))
+            buf.data, buf.offset, buf.size = None, 2, 1  # placeholders: fixed-width fields, final below
+    head = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    pos, tail = -(-len(head) // 64) * 64 + 64, b""  # + 64: the data does not start right at the head
+    start = pos
+    for buf, data in blobs:
+        buf.offset, buf.size = pos, len(data)
+        tail += data + bytes(-(-len(data) // 64) * 64 - len(data))
+        pos += -(-len(data) // 64) * 64
+    head = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    assert len(head) <= start and schema.Model.GetRootAs(head, 0).BuffersLength() == len(model.buffers)
+    return head + bytes(start - len(head)) + tail
 
 
 def test_census_of_a_clean_model(clean_model):
@@ -35,8 +65,8 @@ def test_census_of_a_clean_model(clean_model):
     assert c["signatures"]["serving_default"]["inputs"] == [{"name": "x", "shape": [1, 4, 8], "dtype": "float32"}]
 
 
-def test_census_flags_rank5_and_cumsum():
-    c = tflite_file.census(export.convert(Rejected(), {"x": torch.randn(1, 4, 8)}))
+def test_census_flags_rank5_and_cumsum(tmp_path):
+    c = tflite_file.census(convert_bytes(Rejected(), {"x": torch.randn(1, 4, 8)}, tmp_path))
     found = tflite_file.violations(c)
     assert any("rank 5" in v for v in found) and any("CUMSUM" in v for v in found), (found, c["ops"])
 
@@ -57,6 +87,34 @@ def test_metadata_round_trip_keeps_the_model_working(clean_model, tmp_path):
         path.write_bytes(content)
         outs.append(Interpreter(model_path=str(path)).get_signature_runner()(x=x)["y"])
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_metadata_of_a_model_with_external_buffers(clean_model, tmp_path):
+    """The >2 GB layout: the metadata goes into the head, the data is shifted whole, the offsets with
+    it, and the model computes the same; only the head is read back."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    src = tmp_path / "external.tflite"
+    src.write_bytes(externalized(clean_model))
+    start = tflite_file.DATA_ALIGN * 2  # enough to see that read_head stops before the data
+    assert len(tflite_file.read_head(src)) < src.stat().st_size - start
+    meta = {"revision": "1" * 40, "form": "R64+sp+ec+dd+vs6", "L": 4, "note": "x" * 300}  # a head that grows
+    out = tmp_path / "with_meta.tflite"
+    size = tflite_file.write_with_metadata(src, out, meta)
+    assert size == out.stat().st_size > src.stat().st_size
+    assert tflite_file.read_metadata(out) == meta and tflite_file.read_metadata(src) is None
+    assert tflite_file.census(out)["ops"] == tflite_file.census(clean_model)["ops"]
+    again = tmp_path / "again.tflite"
+    tflite_file.write_with_metadata(out, again, {**meta, "L": 5})  # replaced, not added
+    assert tflite_file.read_metadata(again)["L"] == 5
+    x = np.random.default_rng(1).standard_normal((1, 4, 8)).astype(np.float32)
+    small = tmp_path / "small.tflite"
+    small.write_bytes(clean_model)
+    outs = [Interpreter(model_path=str(p)).get_signature_runner()(x=x)["y"] for p in (small, src, out, again)]
+    for y in outs[1:]:
+        assert np.array_equal(outs[0], y)
+    with pytest.raises(ValueError, match="external buffers"):
+        tflite_file.with_metadata(src.read_bytes(), meta)
 
 
 @pytest.mark.parametrize("form, length, fragment", [
@@ -87,7 +145,7 @@ def test_export_stage_refuses_bad_length_before_converting(workdir, length, frag
 def test_failed_conversion_leaves_no_tflite(workdir, monkeypatch):
     from stages import export as export_stage
 
-    def broken(module, sample_kwargs):
+    def broken(module, sample_kwargs, path):
         raise RuntimeError("conversion died midway")
 
     monkeypatch.chdir(workdir)

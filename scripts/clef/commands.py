@@ -110,6 +110,7 @@ def run(args) -> int:
 
 def verify(args) -> int:
     from scripts import tflite_file
+    from scripts.snapshot import sha256_file
 
     root = Path(args.release)
     if not root.is_dir():
@@ -125,7 +126,7 @@ def verify(args) -> int:
     arts = manifest["artifacts"]
     for i, (path, art) in enumerate(sorted(arts.items()), 1):
         progress(f"[{i}/{len(arts)}] {path}: metadata, reference record in the interpreter")
-        meta = tflite_file.read_metadata((root / path).read_bytes()) or {}
+        meta = tflite_file.read_metadata(root / path) or {}
         want = {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": art["kind"],
                 **{k: art[k] for k in ("L", "P", "S") if k in art}}
         bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
@@ -158,20 +159,21 @@ def find_manifest(path: Path) -> Path | None:
 
 def audit(args) -> int:
     from scripts import tflite_file
+    from scripts.snapshot import sha256_file
 
     path = Path(args.file)
     if not path.is_file():
         raise ClefError(f"no file {path}")
-    content = path.read_bytes()
     try:
-        meta = tflite_file.read_metadata(content)
+        meta = tflite_file.read_metadata(path)
     except Exception:  # noqa: BLE001  (any parse failure means the same thing to the user)
         raise ClefError(f"{path} is not a readable .tflite flatbuffer") from None
     if meta is None:
         raise ClefError(f"{path} has no clef_litert metadata: it was not produced by clef-litert")
     shape = {k: meta[k] for k in ("L", "P", "S") if k in meta}
     git = meta.get("git", {})
-    print(f"file:      {path} ({len(content)} bytes, sha256 {release.sha256_bytes(content)[:16]})")
+    digest = sha256_file(path)
+    print(f"file:      {path} ({path.stat().st_size} bytes, sha256 {digest[:16]})")
     print(f"model:     {meta['repo']} revision {meta['revision']} (source {meta['source']})")
     print(f"graph:     {meta.get('kind')} {' '.join(f'{k}={v}' for k, v in shape.items())}, form {meta['form']}, "
           f"contract v{meta['contract_version']}")
@@ -186,7 +188,6 @@ def audit(args) -> int:
         print("manifest:  none beside this file")
         return 0
     manifest = release.load_manifest(root)
-    digest = release.sha256_bytes(content)
     rel = str(path.resolve().relative_to(root.resolve()))
     art = manifest["artifacts"].get(rel)
     disagree = []

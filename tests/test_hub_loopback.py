@@ -1,0 +1,215 @@
+"""The fetch stage's hub download against a fake hub on loopback (tests/hub_server.py).
+
+The stage runs as DVC runs it, `python -m stages.fetch` in a fresh directory, with HF_ENDPOINT
+pointing at the fake hub (huggingface_hub reads it at import, hence the subprocess). The hub serves
+the tiny checkpoint at any 40-hex revision; its fault switches stand for a transfer cut midway, a
+corrupt file, an unknown revision and a file too big for the disk.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from scripts.fetch import DISK_MARGIN, HUB_PATTERNS, bytes_left
+from tests.conftest import ROOT, assert_one_line_error
+from tests.hub_server import FakeHub, git_blob_id
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+FOREVER = 10**6  # cut every GET of the file until the test mends the hub
+
+
+@pytest.fixture
+def tiny_files(tiny_cache) -> tuple[str, dict[str, bytes]]:
+    """The tiny checkpoint as the hub holds it: (repo, {name: bytes})."""
+    cache, rec = tiny_cache
+    snapshot = cache.parent / rec["path"]
+    return rec["repo"], {f["name"]: (snapshot / f["name"]).read_bytes() for f in rec["files"]}
+
+
+@pytest.fixture
+def hub(tiny_files):
+    """The fake hub, also holding files the pipeline must not download: a pickle and a README."""
+    repo, files = tiny_files
+    server = FakeHub(repo, {**files, "pytorch_model.bin": b"\x80\x04 a pickle", "README.md": b"# tiny\n"})
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def work(tmp_path, tiny_files):
+    """A stage directory whose params.yaml asks for the tiny repo from the hub at REVISION."""
+    work = tmp_path / "work"
+    work.mkdir()
+    model = {"source": "hub", "repo": tiny_files[0], "revision": REVISION}
+    (work / "params.yaml").write_text(yaml.safe_dump({"model": model}))
+    return work
+
+
+def run_fetch(work, hub) -> subprocess.CompletedProcess:
+    """The fetch stage in `work`, online, against the fake hub, with a private HF_HOME (no token)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
+    env.update(PYTHONPATH=str(ROOT), HF_ENDPOINT=hub.url, HF_HOME=str(work.parent / "hf-home"),
+               HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    return subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def wanted(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {n: data for n, data in files.items() if any(fnmatch.fnmatch(n, p) for p in HUB_PATTERNS)}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def shards(files) -> list[str]:
+    return sorted(n for n in files if n.endswith(".safetensors"))
+
+
+def assert_snapshot(work, proc, repo, files) -> None:
+    """The stage succeeded, and hf/ and its record hold exactly the hub's wanted files, byte for byte."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = json.loads((work / "results" / "snapshot.json").read_text())
+    assert (rec["source"], rec["repo"], rec["revision"]) == ("hub", repo, REVISION)
+    expected = wanted(files)
+    assert {f["name"]: f["sha256"] for f in rec["files"]} == {n: sha256(d) for n, d in expected.items()}
+    snapshot = work / rec["path"]
+    assert snapshot.parent.name == "snapshots" and snapshot.name == REVISION
+    assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == expected
+    assert not (work / "hf.partial").exists()
+
+
+def assert_not_written(work) -> None:
+    """No hf/ that DVC could take for a finished output, and no record."""
+    assert not (work / "hf").exists() and not (work / "results").exists(), sorted(p.name for p in work.iterdir())
+
+
+def test_pinned_revision_downloads_the_wanted_files(work, hub, tiny_files):
+    repo, files = tiny_files
+    assert_snapshot(work, run_fetch(work, hub), repo, files)
+    asked = {path.rsplit("/", 1)[1] for _, path, _ in hub.resolves("GET")}
+    assert asked == set(wanted(files))  # every wanted file fetched; the pickle and README never asked for
+
+
+def test_missing_revision_is_one_line_and_writes_nothing(work, hub, tiny_files):
+    hub.missing_revisions.add(REVISION)
+    assert_one_line_error(run_fetch(work, hub), f"revision {REVISION} not found in {tiny_files[0]}")
+    assert_not_written(work)
+    assert hub.resolves("HEAD") == [] and hub.resolves("GET") == []
+
+
+def test_pickle_only_repo_refused_before_any_download(work, tiny_files):
+    server = FakeHub(tiny_files[0], {"config.json": tiny_files[1]["config.json"], "pytorch_model.bin": b"\x80\x04"})
+    try:
+        assert_one_line_error(run_fetch(work, server), "has no safetensors weights", "pickle")
+        assert server.resolves("GET") == []
+    finally:
+        server.close()
+    assert_not_written(work)
+
+
+@pytest.mark.parametrize("cuts", [1, FOREVER], ids=["cut-once", "cut-every-try"])
+def test_cut_transfer_ends_in_a_correct_snapshot_or_a_clean_failure(work, hub, tiny_files, cuts):
+    """A shard's connection drops halfway. Whatever huggingface_hub makes of it (a retry in-process, or
+    giving up), the stage either writes a correct snapshot or fails in one line without hf/; at most
+    one rerun finishes the download."""
+    repo, files = tiny_files
+    shard = shards(files)[0]
+    hub.cut[shard] = [len(files[shard]) // 2, cuts]
+    first = run_fetch(work, hub)
+    assert hub.cuts_done >= 1  # the fault did happen
+    if cuts == FOREVER:  # no retry can get through: the attempt must give up, cleanly
+        assert_one_line_error(first, f"download of {repo}@{REVISION} failed")
+        hub.cut.clear()  # the network mends
+    if first.returncode == 0:
+        assert_snapshot(work, first, repo, files)
+        return
+    assert_one_line_error(first, "failed")
+    assert_not_written(work)
+    assert_snapshot(work, run_fetch(work, hub), repo, files)
+
+
+# (fault, file it hits, what the one-line error must say given the file's true bytes)
+CORRUPTIONS = {
+    "flipped-shard": ("flip", lambda files: shards(files)[-1],
+                      lambda data: f"sha256 {sha256(flipped(data))[:12]}... differs from the hub's {sha256(data)[:12]}"),
+    "flipped-small-file": ("flip", lambda files: "tokenizer.json",
+                           lambda data: f"git blob sha1 {git_blob_id(flipped(data))[:12]}... differs from the hub's "
+                                        f"{git_blob_id(data)[:12]}"),
+    "truncated-shard": ("truncate", lambda files: shards(files)[0],
+                        lambda data: f"it has {len(data) // 2} bytes where the hub lists {len(data)}"),
+}
+
+
+def flipped(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_corrupt_file_refused_and_not_trusted_by_the_rerun(work, hub, tiny_files, case):
+    """The hub serves bad bytes for one file while its listing keeps the true size and hash: the stage
+    fails in one line naming the file, writes no hf/, and drops the file so the rerun fetches it again."""
+    repo, files = tiny_files
+    fault, pick, says = CORRUPTIONS[case]
+    name = pick(files)
+    getattr(hub, fault).add(name)
+    assert_one_line_error(run_fetch(work, hub), f"downloaded {name} ", "is corrupt", says(files[name]))
+    assert_not_written(work)
+    storage = work / "hf.partial" / "hub" / f"models--{repo.replace('/', '--')}"
+    etag = sha256(files[name]) if name.endswith(".safetensors") else git_blob_id(files[name])
+    assert (storage / "snapshots" / REVISION / "config.json").is_file()  # the good files are kept ...
+    assert not (storage / "snapshots" / REVISION / name).exists()  # ... the bad one is gone, blob and all
+    assert not (storage / "blobs" / etag).exists()
+
+    getattr(hub, fault).clear()
+    fetched = len(hub.resolves("GET", name))
+    assert_snapshot(work, run_fetch(work, hub), repo, files)
+    assert len(hub.resolves("GET", name)) == fetched + 1  # downloaded again, not taken from the partial dir
+    assert len(hub.resolves("GET", "config.json")) == 1  # while a good file was not
+
+
+def test_no_room_refused_before_any_download(work, hub, tiny_files):
+    repo, files = tiny_files
+    huge = 10**15  # 1 PB
+    hub.sizes[shards(files)[0]] = huge
+    line = assert_one_line_error(run_fetch(work, hub), f"for {repo}@{REVISION[:12]}", "free space or move the cache")
+    free = shutil.disk_usage(work).free / 1e9
+    m = re.search(r"fetch needs ([\d.]+) GB free .*\(([\d.]+) GB of .* left to download, ([\d.]+) GB margin\), "
+                  r"(\S+) has ([\d.]+) GB", line)
+    assert m, line
+    needs, left, margin, where, has = float(m[1]), float(m[2]), float(m[3]), m[4], float(m[5])
+    expected_left = (huge + sum(len(d) for n, d in wanted(files).items() if n != shards(files)[0])) / 1e9
+    assert abs(left - expected_left) <= 0.05 and abs(margin - DISK_MARGIN / 1e9) <= 0.05
+    assert abs(needs - (left + margin)) <= 0.1
+    assert where == str(work) and abs(has - free) <= max(2.0, free / 50)  # the disk is shared: slack
+    assert hub.resolves("HEAD") == [] and hub.resolves("GET") == []  # refused before touching a file
+    assert_not_written(work)
+    assert not (work / "hf.partial").exists()
+
+
+def test_bytes_left_counts_files_a_kept_partial_dir_already_holds(tmp_path):
+    """The room check asks only for what a rerun will really download."""
+    from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
+
+    shard, config = b"s" * 1000, b"{}"
+    sha = sha256(shard)
+    listed = {"model.safetensors": RepoSibling("model.safetensors", 1000, "x" * 40, BlobLfsInfo(1000, sha, 134)),
+              "config.json": RepoSibling("config.json", 2, git_blob_id(config))}
+    storage = tmp_path / "models--org--name"
+    assert bytes_left(storage, REVISION, listed) == 1002
+    (storage / "blobs").mkdir(parents=True)
+    (storage / "blobs" / sha).write_bytes(shard)  # a finished blob, its snapshot link not made yet
+    assert bytes_left(storage, REVISION, listed) == 2
+    (storage / "snapshots" / REVISION).mkdir(parents=True)
+    (storage / "snapshots" / REVISION / "config.json").write_bytes(config)
+    assert bytes_left(storage, REVISION, listed) == 0
