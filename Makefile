@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release test env
+.PHONY: release test env real-width bench
 
 env: $(STAMP)
 
@@ -22,3 +22,12 @@ release: $(STAMP)
 
 test: $(STAMP)
 	python -m pytest -q
+
+# The whole pipeline on the real-width synthetic checkpoint (clef-flash's widths, 4 layers) in its own
+# workspace, artifacts/real-width/, then results/bench.json. A benchmark: not part of `make test`.
+real-width: $(STAMP)
+	python -m scripts.real_width
+
+# results/bench.json again from the workspaces as they are (after make release and make real-width).
+bench: $(STAMP)
+	python -m scripts.bench --real-width artifacts/real-width
