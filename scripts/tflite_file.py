@@ -200,3 +200,30 @@ def read_metadata(source) -> dict | None:
         if _name(entry.Name()) == METADATA_NAME:
             return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode())
     return None
+
+
+def matmul_flops(source) -> dict:
+    """FLOPs of the model's multiply-accumulate ops, counted from its tensor shapes (2 per MAC):
+    FULLY_CONNECTED, BATCH_MATMUL, DEPTHWISE_CONV_2D. What the row graph must compute at least; the
+    elementwise ops are not counted. -> {op name: flops}."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(_head_of(source)))
+    out = collections.Counter()
+    for sg in model.subgraphs:
+        shape = lambda i: [int(d) for d in sg.tensors[i].shape]  # noqa: E731
+        for op in sg.operators:
+            name = op_name(model, op)
+            result = 1
+            for d in shape(op.outputs[0]):
+                result *= d
+            if name == "FULLY_CONNECTED":  # weights [out, in]
+                k = shape(op.inputs[1])[1]
+            elif name == "BATCH_MATMUL":  # a [..., M, K] (or [..., K, M] when adjX)
+                a = shape(op.inputs[0])
+                k = a[-2] if getattr(op.builtinOptions, "adjX", False) else a[-1]
+            elif name == "DEPTHWISE_CONV_2D":  # filter [1, kh, kw, channels]
+                f = shape(op.inputs[1])
+                k = f[1] * f[2]
+            else:
+                continue
+            out[name] += 2 * result * k
+    return dict(sorted(out.items()))

@@ -30,6 +30,8 @@ def test_tiny_fetch_writes_snapshot_and_record(tmp_path, tiny_cache):
     assert rec == tiny_cache[1]
     assert snapshot.verify(rec, root=tmp_path).is_dir()
     assert not (tmp_path / "hf.partial").exists()
+    runtime = json.loads((tmp_path / "results" / "runtime" / "fetch.json").read_text())  # every stage leaves one
+    assert runtime["stage"] == "fetch" and runtime["seconds"] > 0 and runtime["peak_rss_bytes"] > 2**20
 
 
 @pytest.mark.parametrize("model, fragments", [

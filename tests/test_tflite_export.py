@@ -65,6 +65,13 @@ def test_census_of_a_clean_model(clean_model):
     assert c["signatures"]["serving_default"]["inputs"] == [{"name": "x", "shape": [1, 4, 8], "dtype": "float32"}]
 
 
+def test_matmul_flops_counted_from_shapes(clean_model):
+    # y = relu(x @ x^T) * 2, x [1, 4, 8]: one [4, 8] x [8, 4] product, 2 x 4 x 4 x 8 FLOPs (the
+    # converter may lower it to FULLY_CONNECTED or BATCH_MATMUL)
+    flops = tflite_file.matmul_flops(clean_model)
+    assert sum(flops.values()) == 256 and set(flops) <= {"FULLY_CONNECTED", "BATCH_MATMUL"}, flops
+
+
 def test_census_flags_rank5_and_cumsum(tmp_path):
     c = tflite_file.census(convert_bytes(Rejected(), {"x": torch.randn(1, 4, 8)}, tmp_path))
     found = tflite_file.violations(c)
