@@ -30,6 +30,9 @@ from scripts.snapshot import CHUNK, record, sha256_file, snapshot_dir
 HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
                 "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                 "special_tokens_map.json", "chat_template.jinja"]
+# Room left free beyond the download itself: the disk also holds the record, DVC's bookkeeping and the
+# later stages' outputs, and a disk filled to the last byte fails far from the fetch that filled it.
+DISK_MARGIN = 1 << 30  # 1 GiB
 
 
 def write_tiny(cache: Path) -> tuple[str, str]:
@@ -47,11 +50,6 @@ def write_tiny(cache: Path) -> tuple[str, str]:
     ref.parent.mkdir(parents=True)
     ref.write_text(revision)
     return tiny_checkpoint.REPO, revision
-
-
-# Room left free beyond the download itself: the disk also holds the record, DVC's bookkeeping and the
-# later stages' outputs, and a disk filled to the last byte fails far from the fetch that filled it.
-DISK_MARGIN = 1 << 30  # 1 GiB
 
 
 def write_synthetic(cache: Path, layers: int) -> tuple[str, str]:

@@ -38,10 +38,15 @@ def prepare(ws: Path) -> None:
     else:
         git("worktree", "add", "--detach", "--force", str(ws), head)
     path = ws / "params.yaml"
-    p = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump(overridden(yaml.safe_load(path.read_text())), sort_keys=False))
+
+
+def overridden(p: dict) -> dict:
+    """params `p` with OVERRIDES applied (a mapping merges into its section, anything else replaces)."""
+    p = dict(p)
     for key, value in OVERRIDES.items():
         p[key] = {**p[key], **value} if isinstance(value, dict) else value
-    path.write_text(yaml.safe_dump(p, sort_keys=False))
+    return p
 
 
 def check_room(ws: Path, layers: int) -> None:
