@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from scripts import atomic
 from scripts.errors import ClefError
 from scripts.snapshot import file_digest, sha256_file  # noqa: F401  (sha256_file: part of this module's API)
 
@@ -183,11 +183,20 @@ def file_table(root: Path) -> dict:
             for f in sorted(root.rglob("*")) if f.is_file() and f.relative_to(root) != Path(MANIFEST)}
 
 
+# gzip level 1: a release is mostly fp32 weights widened from bf16, whose zero low halves every level
+# finds; measured on a real-width graph, level 1 keeps 52% of the bytes at 34 MB/s, level 9 44% at
+# 0.9 MB/s (hours for clef-flash's graphs).
+GZIP_LEVEL = 1
+
+
 def write_tarball(src: Path, dest: Path, top: str) -> None:
     """A byte-reproducible .tar.gz of src under directory `top`: sorted members, zero times and
-    owners, fixed modes, a gzip header without name or time."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    owners, fixed modes, a gzip header without name or time. Streamed: members are read in chunks and
+    never held whole (a release holds graphs of many GB)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic.writing(dest) as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as gz, \
+            tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for f in sorted(src.rglob("*")):
             info = tarfile.TarInfo(f"{top}/{f.relative_to(src)}")
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
@@ -198,11 +207,6 @@ def write_tarball(src: Path, dest: Path, top: str) -> None:
                 info.size, info.mode = f.stat().st_size, 0o644
                 with open(f, "rb") as fh:
                     tar.addfile(info, fh)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".partial")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-        gz.write(buf.getvalue())
-    os.replace(tmp, dest)
 
 
 # ---- reading a release (clef verify / run / audit) ---------------------------------------------
