@@ -45,11 +45,15 @@ def write_tiny(cache: Path) -> tuple[str, str]:
     target.mkdir(parents=True)
     for name, data in content.items():
         (target / name).write_bytes(data)
-    # The cache's ref file, as huggingface_hub writes it for a downloaded revision.
-    ref = target.parents[1] / "refs" / "main"
+    write_ref(target, revision)
+    return tiny_checkpoint.REPO, revision
+
+
+def write_ref(snapshot: Path, revision: str) -> None:
+    """The cache's ref file, as huggingface_hub writes it for a downloaded revision."""
+    ref = snapshot.parents[1] / "refs" / "main"
     ref.parent.mkdir(parents=True)
     ref.write_text(revision)
-    return tiny_checkpoint.REPO, revision
 
 
 def write_synthetic(cache: Path, layers: int) -> tuple[str, str]:
@@ -61,9 +65,7 @@ def write_synthetic(cache: Path, layers: int) -> tuple[str, str]:
     target = snapshot_dir(cache, synthetic_checkpoint.REPO, revision)
     target.parent.mkdir(parents=True)
     staging.rename(target)
-    ref = target.parents[1] / "refs" / "main"
-    ref.parent.mkdir(parents=True)
-    ref.write_text(revision)
+    write_ref(target, revision)
     return synthetic_checkpoint.REPO, revision
 
 

@@ -11,7 +11,6 @@ of bf16 never holds more than one layer in memory.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -87,9 +86,7 @@ def write(target: Path, layers: int) -> str:
         del weights
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (target / "model.safetensors.index.json").write_bytes(tiny.json_bytes(index))
-    names = sorted(p.name for p in target.iterdir())
-    listing = "".join(f"{n}\0{sha256_file(target / n)}\n" for n in names)
-    return hashlib.sha1(listing.encode()).hexdigest()
+    return tiny.revision_of_digests({p.name: sha256_file(p) for p in target.iterdir()})
 
 
 def fp32_text_bytes(layers: int) -> int:

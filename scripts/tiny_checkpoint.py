@@ -223,5 +223,10 @@ def files() -> dict[str, bytes]:
 
 def revision(content: dict[str, bytes]) -> str:
     """A 40-hex id named by the content itself: the same files, the same revision, on every machine."""
-    listing = "".join(f"{name}\0{hashlib.sha256(data).hexdigest()}\n" for name, data in sorted(content.items()))
+    return revision_of_digests({name: hashlib.sha256(data).hexdigest() for name, data in content.items()})
+
+
+def revision_of_digests(digests: dict[str, str]) -> str:
+    """The revision of a snapshot given each file's sha256: sha1 of the sorted name/digest listing."""
+    listing = "".join(f"{name}\0{digests[name]}\n" for name in sorted(digests))
     return hashlib.sha1(listing.encode()).hexdigest()
