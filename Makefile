@@ -6,9 +6,14 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release test env real-width bench
+.PHONY: release test env vulkan real-width bench gpu-bench
 
-env: $(STAMP)
+env: $(STAMP) vulkan
+
+# A Vulkan adapter for LiteRT's GPU accelerator (verify_gpu): Mesa's lavapipe >= 25 where no GPU is
+# present, installed as root on Debian 12/13; checked on every run (fast when it is there).
+vulkan:
+	bash scripts/vulkan_driver.sh
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -17,17 +22,22 @@ $(STAMP): requirements.txt pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-release: $(STAMP)
+release: env
 	dvc repro
 
-test: $(STAMP)
+test: env
 	python -m pytest -q
 
 # The whole pipeline on the real-width synthetic checkpoint (clef-flash's widths, 4 layers) in its own
 # workspace, artifacts/real-width/, then results/bench.json. A benchmark: not part of `make test`.
-real-width: $(STAMP)
+real-width: env
 	python -m scripts.real_width
 
 # results/bench.json again from the workspaces as they are (after make release and make real-width).
-bench: $(STAMP)
+bench: env
 	python -m scripts.bench --real-width artifacts/real-width
+
+# results/gpu_bench.json: the stock loop kernel and litert-torch's own GatedDeltaNet on the GPU
+# accelerator beside our form (after make release). A benchmark: not part of `make test`.
+gpu-bench: env
+	python -m scripts.gpu_bench

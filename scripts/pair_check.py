@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from scripts import clef_qwen35_patch, model_check
+from scripts import clef_qwen35_patch, model_check, pair_graph
 from scripts.clef_host import PairRunner
 from scripts.row_graph import ClefRowPrefill
 
@@ -70,8 +70,8 @@ def state_vs_transformers(runner: PairRunner, model, vocab: int, seed: int) -> d
         else:
             out["rel"][f"attn{i}_k"] = rel(state.tensors[f"attn{i}_k"][:, :, :p], c.keys)
             out["rel"][f"attn{i}_v"] = rel(state.tensors[f"attn{i}_v"][:, :, :p], c.values)
-            slots = state.tensors[f"attn{i}_slots"][0]
-            out["rel"][f"attn{i}_slots"] = float((slots - (torch.arange(runner.P) < p).float()).abs().max())
+    slots = state.tensors[pair_graph.SLOTS][0]
+    out["rel"][pair_graph.SLOTS] = float((slots - (torch.arange(runner.P) < p).float()).abs().max())
     out["max_rel"] = max(out["rel"].values())
     return out
 

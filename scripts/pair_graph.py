@@ -7,7 +7,10 @@ State, every tensor rank <= 4, fp32, named for what it is (i = the decoder layer
   gdn{i}_conv       [1, conv_dim, K-1]   the last K-1 conv inputs before the first unprocessed token
   gdn{i}_recurrent  [1, Hv, Dk, Dv]      the delta-rule state, 2^k x stock under a vs<k> form
   attn{i}_k, attn{i}_v  [1, Hkv, slots, D]  keys (after k_norm and rotary) and values of every slot
-  attn{i}_slots     [1, slots]           1.0 where a slot holds a real token
+  attn_slots        [1, slots]           1.0 where a slot holds a real token (the same for every
+                                         attention layer, so stated once)
+No output is a copy of an input or of another output: LiteRT's CompiledModel names two outputs that
+share a tensor after one of them, and its GPU accelerator leaves an output that is an input unwritten.
 The prefix state has P slots; the suffix returns the state after its own last real token, with
 P + S slots. After a right-padded prefix the state is the state at its last real token: pads add
 nothing to the recurrent state (pad guard), and the conv state is gathered from the last real
@@ -21,6 +24,8 @@ from torch import nn
 
 from scripts.clef_qwen35_patch import clef_eager_attention
 from scripts.row_graph import MASKED, causal_constant
+
+SLOTS = "attn_slots"
 
 
 def gdn_step(m, hidden, valid, conv_state, recurrent_state, select_grid):
@@ -62,8 +67,8 @@ def state_names(model) -> list[str]:
         if layer.block_type == "linear_attention":
             names += [f"gdn{i}_conv", f"gdn{i}_recurrent"]
         else:
-            names += [f"attn{i}_k", f"attn{i}_v", f"attn{i}_slots"]
-    return names
+            names += [f"attn{i}_k", f"attn{i}_v"]
+    return names + [SLOTS]
 
 
 def zero_state(model, slots: int = 0) -> dict:
@@ -78,7 +83,7 @@ def zero_state(model, slots: int = 0) -> dict:
         else:
             shape = (1, cfg.num_key_value_heads, slots, layer.self_attn.head_dim)
             state[f"attn{i}_k"], state[f"attn{i}_v"] = torch.zeros(shape), torch.zeros(shape)
-            state[f"attn{i}_slots"] = torch.zeros(1, slots)
+    state[SLOTS] = torch.zeros(1, slots)
     return state
 
 
@@ -96,8 +101,30 @@ def select_grid(model, length: int) -> torch.Tensor:
     return (j - t)[None]
 
 
+def past_mask(past_slots: torch.Tensor, length: int) -> torch.Tensor:
+    """[1, 1, L, slots]: MASKED on the empty past slots, for every query row, as the outer product of a
+    ones column and the slot row (a matmul with K = 1). LiteRT's GPU accelerator refuses BROADCAST_TO,
+    and the converter emits one for `expand`, and for a broadcasting add of a zero constant too."""
+    return torch.ones(1, 1, length, 1) @ ((1.0 - past_slots) * MASKED)[:, None, None, :]
+
+
+def prefix_slots(valid: torch.Tensor) -> torch.Tensor:
+    """[1, P]: slot j holds a real token iff j < n, the count of real tokens (pads only after the last
+    token, so this equals `valid`). Computed, not passed through: see the module docstring."""
+    n = valid.sum(dim=-1, keepdim=True)
+    index = torch.arange(valid.shape[-1], dtype=valid.dtype)[None]
+    return (index < n).to(valid.dtype)
+
+
 def run_layers(model, embeds, valid, cos, sin, state: dict, causal: torch.Tensor, grid: torch.Tensor):
     """The text stack over one segment, continuing from `state` -> (final-norm hidden, new state)."""
+    past_slots = state[SLOTS]
+    mask = causal + (1.0 - valid)[:, None, None, :] * MASKED
+    if past_slots.shape[-1]:
+        mask = torch.cat([past_mask(past_slots, valid.shape[-1]), mask], dim=-1)
+        slots = torch.cat([past_slots, valid], dim=-1)
+    else:
+        slots = prefix_slots(valid)
     hidden = embeds
     new = {}
     for i, layer in enumerate(model.layers):
@@ -107,16 +134,11 @@ def run_layers(model, embeds, valid, cos, sin, state: dict, causal: torch.Tensor
             x, new[f"gdn{i}_conv"], new[f"gdn{i}_recurrent"] = gdn_step(
                 layer.linear_attn, x, valid, state[f"gdn{i}_conv"], state[f"gdn{i}_recurrent"], grid)
         else:
-            past_slots = state[f"attn{i}_slots"]
-            slots = torch.cat([past_slots, valid], dim=-1)
-            past = ((1.0 - past_slots) * MASKED)[:, None, None, :].expand(-1, 1, valid.shape[-1], -1)
-            mask = torch.cat([past, causal + (1.0 - valid)[:, None, None, :] * MASKED], dim=-1)
-            past_k = state[f"attn{i}_k"] if past_slots.shape[-1] else None
-            past_v = state[f"attn{i}_v"] if past_slots.shape[-1] else None
+            past_k, past_v = (state[f"attn{i}_k"], state[f"attn{i}_v"]) if past_slots.shape[-1] else (None, None)
             x, new[f"attn{i}_k"], new[f"attn{i}_v"] = attention_step(layer.self_attn, x, cos, sin, mask, past_k, past_v)
-            new[f"attn{i}_slots"] = slots
         hidden = residual + x
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    new[SLOTS] = slots
     return model.norm(hidden), new
 
 
@@ -174,7 +196,7 @@ def contract(model, prefix: int, suffix: int, form: str) -> dict:
             meaning = {"conv": "the last K-1 conv inputs before the first unprocessed token",
                        "recurrent": f"delta-rule state after the last real token, 2^{vs} x stock (form {form})",
                        "k": "keys of every slot (after k_norm and rotary)", "v": "values of every slot",
-                       "slots": "1.0 where a slot holds a real token"}[kind]
+                       "slots": "1.0 where a slot holds a real token (the same for every attention layer)"}[kind]
             out.append({"name": name, "shape": list(t.shape), "dtype": "float32", "meaning": meaning})
         return out
 

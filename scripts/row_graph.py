@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CONTRACT_VERSION = 1
+# 2: a pair's state carries one attn_slots for every attention layer (was one per layer)
+CONTRACT_VERSION = 2
 MASKED = -1e4
 
 

@@ -16,6 +16,19 @@ def interpreter(path, threads: int | None = None):
     return it
 
 
+def row_records(host, length: int, vocab: int) -> dict:
+    """The host-built records a row graph is checked on: {kind: (real tokens, inputs)}: all L tokens,
+    a right-padded record, and a single token (the most padding)."""
+    from scripts.model_check import random_ids
+
+    out = {}
+    for kind, n in {"full": length, "padded": length - length // 3, "one_token": 1}.items():
+        inputs = host.record(random_ids(n, vocab, 11 * length + n), length)
+        host.check(inputs, length)
+        out[kind] = (n, inputs)
+    return out
+
+
 def run(runner, inputs: dict) -> torch.Tensor:
     out = runner(**{k: v.numpy().astype(np.float32) for k, v in inputs.items()})
     return torch.from_numpy(out["hidden"].copy())

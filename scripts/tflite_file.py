@@ -4,7 +4,8 @@ The census is what GPU delegates and stock interpreters care about, read from th
 than trusted from the converter: every op with its count, the largest tensor rank, the tensor dtypes,
 and the ops of each GatedDeltaNet layer (attributed through the source-module paths the converter
 writes into tensor names). `violations()` lists what makes a model unfit: a tensor of rank > 4, a
-custom op, a STABLEHLO_* op, WHILE, CUMSUM, GATHER_ND, an int64 tensor.
+custom op, a STABLEHLO_* op, an op of BANNED_OPS (WHILE, CUMSUM, GATHER_ND, BROADCAST_TO), an int64
+tensor.
 
 A flatbuffer cannot exceed 2 GB, so a larger model is written as a small flatbuffer head followed by
 the weight data, each buffer naming its absolute file offset. Everything here reads only the head
@@ -24,7 +25,15 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
 METADATA_NAME = "clef_litert"
-BANNED_OPS = ("WHILE", "CUMSUM", "GATHER_ND")
+# Ops a graph must not hold, with who refuses them: the census gate (`violations`) fails an export and
+# a verify stage on any of them. BROADCAST_TO passes the interpreter and LiteRT's ModelAnalyzer in GPU
+# mode, but the GPU accelerator refuses it (and with it the whole graph, GPU-only): learned by verify_gpu.
+BANNED_OPS = {
+    "WHILE": "loops: GPU delegates and NNAPI run no control flow",
+    "CUMSUM": "GPU delegates have no cumulative sum",
+    "GATHER_ND": "GPU delegates reject it",
+    "BROADCAST_TO": "LiteRT's GPU accelerator: 'Operation is not supported'",
+}
 MAX_RANK = 4
 _OP_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 _TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
@@ -102,12 +111,14 @@ def census(source) -> dict:
     signatures = {}
     for sig in model.signatureDefs or []:
         sg = model.subgraphs[sig.subgraphIndex]
+        sig_ops = collections.Counter(op_name(model, op) for op in sg.operators)
 
         def io(entries):
             return [{"name": _name(e.name), "shape": [int(d) for d in sg.tensors[e.tensorIndex].shape],
                      "dtype": _TYPE_NAMES.get(sg.tensors[e.tensorIndex].type, "?").lower()} for e in entries]
 
-        signatures[_name(sig.signatureKey)] = {"inputs": io(sig.inputs), "outputs": io(sig.outputs)}
+        signatures[_name(sig.signatureKey)] = {"inputs": io(sig.inputs), "outputs": io(sig.outputs),
+                                               "ops": dict(sorted(sig_ops.items()))}
     return {
         "ops": dict(sorted(ops.items())),
         "op_total": sum(ops.values()),
@@ -125,7 +136,9 @@ def violations(c: dict) -> list[str]:
     if c["max_rank"] > MAX_RANK:
         out.append(f"a tensor of rank {c['max_rank']} (> {MAX_RANK})")
     for op, n in c["ops"].items():
-        if op.startswith("CUSTOM:") or op.startswith("STABLEHLO_") or op in BANNED_OPS:
+        if op in BANNED_OPS:
+            out.append(f"op {op} x{n} ({BANNED_OPS[op]})")
+        elif op.startswith("CUSTOM:") or op.startswith("STABLEHLO_"):
             out.append(f"op {op} x{n}")
     if c["dtypes"].get("INT64"):
         out.append(f"{c['dtypes']['INT64']} int64 tensors")

@@ -39,9 +39,7 @@ def main() -> None:
     runner = tflite_check.interpreter(path).get_signature_runner()
     vocab = model.config.vocab_size
     rows = []
-    for kind, n in {"full": length, "padded": length - length // 3, "one_token": 1}.items():
-        inputs = host.record(model_check.random_ids(n, vocab, 11 * length + n), length)
-        host.check(inputs, length)
+    for kind, (n, inputs) in tflite_check.row_records(host, length, vocab).items():
         lite = tflite_check.run(runner, inputs)[0, :n]
         with torch.no_grad():
             ref = graph(**inputs)["hidden"][0, :n]

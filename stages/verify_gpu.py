@@ -1,0 +1,74 @@
+"""DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
+LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/gpu_check.py) ->
+results/gpu_row_L{L}.json or results/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
+graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
+output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
+import argparse
+
+from scripts import atomic, clef_kernel, clef_qwen35_patch, gpu_accelerator, gpu_check, layout, metrics, model_check
+from scripts import pair_graph, params, snapshot, tflite_check, tflite_file
+from scripts.clef_host import Host
+from scripts.errors import ClefError, run_stage
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--length", type=int)
+    ap.add_argument("--prefix", type=int)
+    ap.add_argument("--suffix", type=int)
+    a = ap.parse_args()
+    if (a.length is None) == (a.prefix is None or a.suffix is None):
+        raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
+    p = params.load(["form", "verify_gpu"])
+    form = str(clef_kernel.parse(p["form"]))
+    limit, over_floor = gpu_check.limits(p["verify_gpu"])
+    is_row = a.length is not None
+    name = f"gpu_{layout.row_name(a.length) if is_row else layout.pair_name(a.prefix, a.suffix)}"
+    path = tflite_file.require(layout.row_path(a.length) if is_row else layout.pair_path(a.prefix, a.suffix),
+                               f"export@{a.length}" if is_row else "export_pair")
+    rec = snapshot.load_record()
+    snap = snapshot.verify(rec)
+    census = tflite_file.census(path)
+    found = tflite_file.violations(census)
+    if found:
+        raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
+    compiled = gpu_check.compile_modes(path, census)
+
+    model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
+    host = Host(snap)
+    refs = gpu_check.StockReferences(model)
+    vocab = model.config.vocab_size
+    if is_row:
+        records = tflite_check.row_records(host, a.length, vocab)
+        rows = gpu_check.row_rows(compiled, model, host, refs, records)
+    else:
+        P, S = a.prefix, a.suffix
+        prefix = pair_graph.PairPrefix(model, P).eval()
+        suffix = pair_graph.PairSuffix(model, P, S).eval()
+        rows = gpu_check.signature_rows(compiled, prefix, suffix, host, P, S, model_check.random_ids(P + S, vocab, P + S))
+        rows += gpu_check.chaining_rows(compiled, model, host, refs, P, S, form, pair_graph.state_shapes(model, P),
+                                        lambda n: model_check.random_ids(n, vocab, 1000 * P + S + n))
+    figures, problems = gpu_check.summary(rows, limit, over_floor)
+    device = gpu_accelerator.device(compiled["fp32"])
+    accelerated = all(c.fully_accelerated for c in compiled.values())
+    if not accelerated:
+        problems.insert(0, "is_fully_accelerated() is false")
+    doc = {"graph": str(path), "form": form, "kind": "row" if is_row else "pair",
+           **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
+           "passed": not problems, "problems": problems, "device": device, "fully_accelerated": accelerated,
+           "signatures": sorted(census["signatures"]), "threshold_fp32": limit, **figures, "rows": rows}
+    atomic.write_json(layout.result_path(name), doc)
+    metrics.write(name, passed=doc["passed"], max_rel=figures["fp32_max_rel_vs_torch"], threshold=limit,
+                  fp16_max_rel=figures["fp16_max_rel_vs_f64"], fp16_floor=figures["floor_max_rel_vs_f64"],
+                  fp16_over_floor=figures["fp16_over_floor"], fully_accelerated=accelerated,
+                  **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}))
+    print(f"verify_gpu {path.name} on {device['adapter']}: fully accelerated {accelerated}; fp32 max rel vs torch "
+          f"{figures['fp32_max_rel_vs_torch']:.2e} (bound {limit:g}); fp16 vs float64 {figures['fp16_max_rel_vs_f64']:.3g}, "
+          f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}, {figures['fp16_over_floor']:.2f}x the floor "
+          f"(target {over_floor:g}x)")
+    if problems:
+        raise ClefError(f"verify_gpu {path}: {problems[0]} ({len(problems)} problems)")
+
+
+if __name__ == "__main__":
+    run_stage(main)
