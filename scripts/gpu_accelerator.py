@@ -13,6 +13,7 @@ silent run on the CPU. Graphs are compiled for the GPU alone (no CPU fallback), 
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -118,6 +119,14 @@ def holding(census: dict | None, op: str) -> list[str]:
     return [name for name, sig in (census or {}).get("signatures", {}).items() if op in sig.get("ops", {})]
 
 
+def _quiet_teardown() -> None:
+    """At exit, after the last line of ours: the runtime logs every accelerator it destroys on fd 2,
+    which would follow a stage's one-line error. Send fd 2 to /dev/null for the teardown."""
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+
+
 def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: A001  (the accelerator's word)
     """Compile `path` for the GPU accelerator alone; fp32 = enforce_f32, else the default fp16 mode.
     A refused op (named with the signatures that hold it, given the file's census), a partial
@@ -129,6 +138,8 @@ def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: 
     path = Path(path)
     if not path.is_file():
         raise ClefError(f"no {path} to compile for the GPU")
+    atexit.unregister(_quiet_teardown)  # one entry, however many graphs are compiled
+    atexit.register(_quiet_teardown)
     options = Options(hardware_accelerators=HardwareAccelerator.GPU)
     options.gpu_options.enforce_f32 = fp32
     mode = "fp32" if fp32 else "fp16"

@@ -15,6 +15,7 @@ DIST = Path("artifacts/dist")
 RESULTS = Path("results")
 METRICS = RESULTS / "metrics"
 PLOTS = RESULTS / "plots"
+GPU = RESULTS / "gpu"  # verify_gpu's detailed records, a directory of their own so the release can depend on it
 RUNTIME = RESULTS / "runtime"  # each stage's time and peak memory (scripts/measure.py); not DVC outputs
 BENCH = RESULTS / "bench.json"
 REAL_WIDTH = Path("artifacts/real-width")  # the real-width run's own workspace (make real-width)
@@ -48,3 +49,13 @@ def metrics_path(name: str) -> Path:
 
 def runtime_path(stage: str, root: str | Path = ".") -> Path:
     return Path(root) / RUNTIME / f"{stage}.json"
+
+
+def gpu_name(length: int | None = None, prefix: int | None = None, suffix: int | None = None) -> str:
+    """The GPU check of a row graph (length) or a pair (prefix, suffix): its metrics row's name."""
+    return f"gpu_{row_name(length) if length is not None else pair_name(prefix, suffix)}"
+
+
+def gpu_result_path(name: str) -> Path:
+    """verify_gpu's detailed record, e.g. gpu_result_path(gpu_name(64)) = results/gpu/gpu_row_L64.json."""
+    return GPU / f"{name}.json"

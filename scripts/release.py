@@ -120,29 +120,35 @@ def pair_reference(row, prefix_record: dict, suffix_record: dict, full_record: d
             **{f"suffix.{k}": v for k, v in suffix_record.items()}, "expected": expected.contiguous()}
 
 
-def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> float:
-    """Run the reference record through the .tflite at `path` in the LiteRT interpreter; -> max rel
-    error against the stored expectation (max |diff| / max |expected|)."""
-    import numpy as np
+def reference_error(signature, kind: str, record: dict) -> float:
+    """Run a reference record through a graph's signatures; -> max rel error against the stored
+    expectation (max |diff| / max |expected|, inf if an output is not finite). `signature(name)` gives
+    a signature (None: the only one) as a callable on named torch tensors returning a dict of them:
+    the interpreter's (run_reference) or the GPU accelerator's (scripts/gpu_accelerator.py)."""
+    from scripts.gpu_accelerator import rel
 
+    feed = {k: v.to(torch.float32) for k, v in record.items() if k != "expected"}
+    expected = record["expected"]
+    if kind == "row":
+        out = signature(None)(**feed)["hidden"]
+    elif kind == "pair":
+        first = signature("prefix")(**{k[7:]: v for k, v in feed.items() if k.startswith("prefix.")})
+        state = {k: v for k, v in first.items() if k != "hidden"}
+        tokens = {k[7:]: v for k, v in feed.items() if k.startswith("suffix.")}
+        out = signature("suffix")(**tokens, **state)["hidden"]
+    else:
+        raise ClefError(f"unknown artifact kind {kind!r}")
+    return rel(out[:, :expected.shape[1]], expected)
+
+
+def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> float:
+    """reference_error in the LiteRT interpreter."""
+    from scripts.clef_host import litert_signature
     from scripts.tflite_check import interpreter
 
     interp = interpreter(path, threads)
-    feed = {k: v.numpy().astype(np.float32) for k, v in record.items() if k != "expected"}
-    expected = record["expected"].numpy()
-    if kind == "row":
-        out = interp.get_signature_runner()(**feed)["hidden"]
-    elif kind == "pair":
-        first = interp.get_signature_runner("prefix")(**{k[7:]: v for k, v in feed.items() if k.startswith("prefix.")})
-        state = {k: v for k, v in first.items() if k != "hidden"}
-        tokens = {k[7:]: v for k, v in feed.items() if k.startswith("suffix.")}
-        out = interp.get_signature_runner("suffix")(**tokens, **state)["hidden"]
-    else:
-        raise ClefError(f"unknown artifact kind {kind!r}")
-    out = out[:, :expected.shape[1]]
-    if not np.isfinite(out).all():
-        return float("inf")
-    return float(np.abs(out - expected).max() / max(float(np.abs(expected).max()), 1e-30))
+    return reference_error(lambda name: litert_signature(interp.get_signature_runner(*([name] if name else []))),
+                           kind, record)
 
 
 # ---- manifest ----------------------------------------------------------------------------------

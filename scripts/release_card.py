@@ -73,6 +73,17 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
         out.append(f"| {what}: LiteRT vs torch | {check['max_rel']:.2e} | {check['threshold']:g} |")
         out.append(f"| {what}: reference record in this package | {a['reference']['max_rel']:.2e} | "
                    f"{a['reference']['threshold']:g} |")
+        if "gpu" in a:
+            g = a["gpu"]
+            out.append(f"| {what}: GPU accelerator, fp32 (enforce_f32) vs torch | {g['fp32_max_rel_vs_torch']:.2e} | "
+                       f"{g['threshold_fp32']:g} |")
+            out.append(f"| {what}: GPU accelerator, fp16 vs float64 (floor: torch float16 {g['floor_max_rel_vs_f64']:.2e}) | "
+                       f"{g['fp16_max_rel_vs_f64']:.2e} | target {g['fp16_target_over_floor']:g} x floor |")
+    gpus = [a["gpu"] for a in artifacts.values() if "gpu" in a]
+    if gpus:
+        out += ["", f"GPU accelerator: every signature of {sum(g['fully_accelerated'] for g in gpus)} of {len(gpus)} "
+                f"graphs compiled for LiteRT's GPU accelerator alone (no CPU fallback) on "
+                f"{gpus[0]['device']['selected'] or gpus[0]['device']['adapter']}."]
     out += ["", "Ops per GatedDeltaNet layer in the graphs: " +
             ", ".join(f"{max(a['census']['ops_per_gdn_layer'].values())} (L={a['L']})" for a in rows if a['census']['ops_per_gdn_layer']) +
             f"; max tensor rank {max((a['census']['max_rank'] for a in artifacts.values()), default=0)}.", ""]

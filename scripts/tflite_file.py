@@ -5,7 +5,7 @@ than trusted from the converter: every op with its count, the largest tensor ran
 and the ops of each GatedDeltaNet layer (attributed through the source-module paths the converter
 writes into tensor names). `violations()` lists what makes a model unfit: a tensor of rank > 4, a
 custom op, a STABLEHLO_* op, an op of BANNED_OPS (WHILE, CUMSUM, GATHER_ND, BROADCAST_TO), an int64
-tensor.
+tensor, a PAD of a tensor of rank < 4, a signature output that is an input or another output's tensor.
 
 A flatbuffer cannot exceed 2 GB, so a larger model is written as a small flatbuffer head followed by
 the weight data, each buffer naming its absolute file offset. Everything here reads only the head
@@ -28,6 +28,10 @@ METADATA_NAME = "clef_litert"
 # Ops a graph must not hold, with who refuses them: the census gate (`violations`) fails an export and
 # a verify stage on any of them. BROADCAST_TO passes the interpreter and LiteRT's ModelAnalyzer in GPU
 # mode, but the GPU accelerator refuses it (and with it the whole graph, GPU-only): learned by verify_gpu.
+# Ops LiteRT's GPU accelerator runs right only on inputs of at least this rank, learned by verify_gpu:
+# PAD of rank 2 is refused ("Invalid paddings tensor shape: expected 4x2 or 3x2, got 2x2"), and a
+# rank-3 PAD it accepts computed wrong here (tests/test_gpu_accelerator.py shows both).
+RANK_LIMITED_OPS = {"PAD": 4}
 BANNED_OPS = {
     "WHILE": "loops: GPU delegates and NNAPI run no control flow",
     "CUMSUM": "GPU delegates have no cumulative sum",
@@ -99,12 +103,16 @@ def census(source) -> dict:
     dtypes = collections.Counter()
     max_rank = 0
     per_gdn = collections.Counter()
+    low_rank = collections.Counter()
     for sg in model.subgraphs:
         for t in sg.tensors:
             dtypes[_TYPE_NAMES.get(t.type, str(t.type))] += 1
             max_rank = max(max_rank, len(t.shape) if t.shape is not None else 0)
         for op in sg.operators:
-            ops[op_name(model, op)] += 1
+            name = op_name(model, op)
+            ops[name] += 1
+            if name in RANK_LIMITED_OPS and len(sg.tensors[op.inputs[0]].shape) < RANK_LIMITED_OPS[name]:
+                low_rank[name] += 1
             first_path = _name(sg.tensors[op.outputs[0]].name).split(";")[0] if len(op.outputs) else ""
             if m := _GDN_LAYER.search(first_path):
                 per_gdn[int(m.group(1))] += 1
@@ -117,8 +125,14 @@ def census(source) -> dict:
             return [{"name": _name(e.name), "shape": [int(d) for d in sg.tensors[e.tensorIndex].shape],
                      "dtype": _TYPE_NAMES.get(sg.tensors[e.tensorIndex].type, "?").lower()} for e in entries]
 
+        inputs = {e.tensorIndex: _name(e.name) for e in sig.inputs}
+        by_tensor = collections.defaultdict(list)
+        for e in sig.outputs:
+            by_tensor[e.tensorIndex].append(_name(e.name))
+        aliased = sorted([f"{', '.join(sorted(names))} = input {inputs[t]}" for t, names in by_tensor.items() if t in inputs]
+                         + [" = ".join(sorted(names)) for t, names in by_tensor.items() if len(names) > 1 and t not in inputs])
         signatures[_name(sig.signatureKey)] = {"inputs": io(sig.inputs), "outputs": io(sig.outputs),
-                                               "ops": dict(sorted(sig_ops.items()))}
+                                               "ops": dict(sorted(sig_ops.items())), "aliased_outputs": aliased}
     return {
         "ops": dict(sorted(ops.items())),
         "op_total": sum(ops.values()),
@@ -126,6 +140,7 @@ def census(source) -> dict:
         "dtypes": dict(sorted(dtypes.items())),
         "subgraphs": len(model.subgraphs),
         "ops_per_gdn_layer": {str(k): v for k, v in sorted(per_gdn.items())},
+        "low_rank_ops": dict(sorted(low_rank.items())),
         "signatures": signatures,
     }
 
@@ -140,6 +155,13 @@ def violations(c: dict) -> list[str]:
             out.append(f"op {op} x{n} ({BANNED_OPS[op]})")
         elif op.startswith("CUSTOM:") or op.startswith("STABLEHLO_"):
             out.append(f"op {op} x{n}")
+    for op, n in c.get("low_rank_ops", {}).items():
+        out.append(f"op {op} x{n} on a tensor of rank < {RANK_LIMITED_OPS[op]} "
+                   "(LiteRT's GPU accelerator refuses it or computes it wrong)")
+    for name, sig in c["signatures"].items():
+        for alias in sig.get("aliased_outputs", []):
+            out.append(f"signature {name}: outputs that are one tensor ({alias}): CompiledModel names them after "
+                       "one tensor, and the GPU accelerator leaves an output that is an input unwritten")
     if c["dtypes"].get("INT64"):
         out.append(f"{c['dtypes']['INT64']} int64 tensors")
     return out

@@ -19,19 +19,32 @@ REFERENCE_SEED = 20261129
 
 def planned(p: dict) -> list[dict]:
     """The artifacts params.yaml asks for, each with the checks that vouch for it."""
-    out = [{"kind": "row", "shape": {"L": n}, "path": layout.row_path(n), "checks": [f"tflite_L{n}", f"export_L{n}"],
+    out = [{"kind": "row", "shape": {"L": n}, "path": layout.row_path(n), "gpu": layout.gpu_name(n),
+            "checks": [f"tflite_L{n}", f"export_L{n}", layout.gpu_name(n)],
             "threshold": float(p["verify_tflite"]["max_rel_vs_torch"])} for n in params.check_lengths(p["lengths"])]
     for q in params.check_pairs(p["pairs"]):
         name = layout.pair_name(q["prefix"], q["suffix"])
-        out.append({"kind": "pair", "shape": {"P": q["prefix"], "S": q["suffix"]},
-                    "path": layout.pair_path(q["prefix"], q["suffix"]), "checks": [name, f"export_{name}"],
+        gpu = layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"])
+        out.append({"kind": "pair", "shape": {"P": q["prefix"], "S": q["suffix"]}, "gpu": gpu,
+                    "path": layout.pair_path(q["prefix"], q["suffix"]), "checks": [name, f"export_{name}", gpu],
                     "threshold": float(p["verify_pair"]["max_rel_vs_row"])})
     return out
 
 
+GPU_FIGURES = ("fully_accelerated", "fp32_max_rel_vs_torch", "threshold_fp32", "fp16_max_rel_vs_f64",
+               "fp16_max_rel_per_position_vs_f64", "floor_max_rel_vs_f64", "floor_max_rel_per_position_vs_f64",
+               "fp16_over_floor", "fp16_target_over_floor", "fp16_within_target", "all_finite", "device")
+
+
+def gpu_section(name: str) -> dict:
+    """What verify_gpu measured for one graph on LiteRT's GPU accelerator, and the device that ran it."""
+    doc = json.loads(tflite_file.read_artifact(layout.gpu_result_path(name), producer(name)))
+    return {k: doc[k] for k in GPU_FIGURES}
+
+
 def producer(check: str) -> str:
     """The stage that writes results/metrics/<check>.json."""
-    for prefix, stage in (("tflite_", "verify_tflite"), ("export_pair_", "export_pair"), ("export_L", "export"),
+    for prefix, stage in (("gpu_row", "verify_gpu_row"), ("gpu_pair", "verify_gpu_pair"), ("tflite_", "verify_tflite"), ("export_pair_", "export_pair"), ("export_L", "export"),
                           ("pair_", "verify_pair"), ("kernel_bench", "kernel_bench"), ("kernel", "verify_kernel"),
                           ("layers", "verify_layers"), ("model", "verify_model")):
         if check.startswith(prefix):
@@ -116,7 +129,7 @@ def main() -> None:
             "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
             "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
             "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
-            "verification": {c: read_metrics(c) for c in it["checks"]},
+            "verification": {c: read_metrics(c) for c in it["checks"]}, "gpu": gpu_section(it["gpu"]),
             "reference": {"file": check_file, "max_rel": measured, "threshold": it["threshold"]}}
 
     name = release.release_name(rec, form)

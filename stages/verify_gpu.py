@@ -1,6 +1,6 @@
 """DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
 LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/gpu_check.py) ->
-results/gpu_row_L{L}.json or results/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
+results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
 output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
 import argparse
@@ -23,7 +23,7 @@ def main() -> None:
     form = str(clef_kernel.parse(p["form"]))
     limit, over_floor = gpu_check.limits(p["verify_gpu"])
     is_row = a.length is not None
-    name = f"gpu_{layout.row_name(a.length) if is_row else layout.pair_name(a.prefix, a.suffix)}"
+    name = layout.gpu_name(a.length) if is_row else layout.gpu_name(prefix=a.prefix, suffix=a.suffix)
     path = tflite_file.require(layout.row_path(a.length) if is_row else layout.pair_path(a.prefix, a.suffix),
                                f"export@{a.length}" if is_row else "export_pair")
     rec = snapshot.load_record()
@@ -57,7 +57,7 @@ def main() -> None:
            **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
            "passed": not problems, "problems": problems, "device": device, "fully_accelerated": accelerated,
            "signatures": sorted(census["signatures"]), "threshold_fp32": limit, **figures, "rows": rows}
-    atomic.write_json(layout.result_path(name), doc)
+    atomic.write_json(layout.gpu_result_path(name), doc)
     metrics.write(name, passed=doc["passed"], max_rel=figures["fp32_max_rel_vs_torch"], threshold=limit,
                   fp16_max_rel=figures["fp16_max_rel_vs_f64"], fp16_floor=figures["floor_max_rel_vs_f64"],
                   fp16_over_floor=figures["fp16_over_floor"], fully_accelerated=accelerated,

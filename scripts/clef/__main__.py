@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="check a release: hashes, metadata, every signature on its reference record")
     verify.add_argument("release", help="release directory")
+    verify.add_argument("--gpu", action="store_true",
+                        help="also run every signature on LiteRT's GPU accelerator alone, in fp32 and fp16 modes")
 
     audit = sub.add_parser("audit", help="what produced a .tflite, from its metadata, and whether a manifest agrees")
     audit.add_argument("file", help="a .tflite produced by clef-litert")

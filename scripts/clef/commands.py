@@ -134,17 +134,54 @@ def verify(args) -> int:
             problems.append(f"{path}: metadata {bad} disagrees with the manifest {want}")
             continue
         ref = art["reference"]
-        measured = release.run_reference(root / path, art["kind"], release.load_reference(root, ref["file"]))
+        record = release.load_reference(root, ref["file"])
+        measured = release.run_reference(root / path, art["kind"], record)
         ok = measured <= ref["threshold"]
         print(f"{'ok  ' if ok else 'FAIL'} {path}: max rel {measured:.2e} vs the manifest's {ref['max_rel']:.2e} "
               f"(threshold {ref['threshold']:g})")
         if not ok:
             problems.append(f"{path}: reference record error {measured:.3g} > {ref['threshold']:g}")
+        if args.gpu:
+            problems += verify_on_gpu(root / path, path, art, record)
     for line in problems:
         print(f"FAIL {line}")
     print(f"verify: {manifest['name']}: {len(manifest['files'])} files, {len(arts)} graphs, "
           f"{'all checks passed' if not problems else f'{len(problems)} problems'}")
     return 1 if problems else 0
+
+
+def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
+    """The reference record through every signature on LiteRT's GPU accelerator alone: fp32 mode held to
+    the reference threshold, fp16 mode to being finite; each beside what the release measured."""
+    from scripts import gpu_accelerator, tflite_file
+
+    ref, gpu = art["reference"], art.get("gpu") or {}
+    problems = []
+    for mode, fp32 in (("fp32", True), ("fp16", False)):
+        try:
+            compiled = gpu_accelerator.compile(file, fp32, tflite_file.census(file))
+        except ClefError as exc:
+            if "no Vulkan adapter" in str(exc):
+                raise
+            problems.append(f"{path}: GPU {mode}: {exc}")
+            print(f"FAIL {path}: GPU {mode}: {exc}")
+            continue
+        measured = release.reference_error(compiled.signature, art["kind"], record)
+        if fp32:
+            ok = measured <= ref["threshold"]
+            recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
+            bound = f"threshold {ref['threshold']:g}"
+        else:
+            ok = measured < float("inf")
+            recorded = (f"the release's verify_gpu: {gpu['fp16_max_rel_vs_f64']:.2e} vs float64, floor "
+                        f"{gpu['floor_max_rel_vs_f64']:.2e}" if gpu else "not measured at release")
+            bound = "finite"
+        print(f"{'ok  ' if ok else 'FAIL'} {path}: GPU {mode} on {compiled.adapter}: max rel {measured:.2e} "
+              f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})")
+        if not ok or not compiled.fully_accelerated:
+            problems.append(f"{path}: GPU {mode}: reference record error {measured:.3g} ({bound}), "
+                            f"fully accelerated {compiled.fully_accelerated}")
+    return problems
 
 
 # ---- audit -------------------------------------------------------------------------------------

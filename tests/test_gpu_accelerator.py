@@ -1,0 +1,235 @@
+"""LiteRT's GPU accelerator: what it refuses is read from its own log and named; BROADCAST_TO and
+aliased outputs fail the census gate at export and fail verify_gpu; a missing Vulkan adapter is one
+line; the GPU checks fail on NaN, on an fp32 error over the bound, and on bad params."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scripts import export, gpu_accelerator, gpu_check, pair_graph, tflite_file
+from scripts import clef_qwen35_patch as P
+from scripts.clef_host import Host
+from scripts.errors import ClefError
+from tests.conftest import ROOT, assert_one_line_error
+
+LOG = """INFO: [delegate_webgpu.cc:342] Create WebGPU environment (use_low_power=0, enable_host_mapped_pointer=1)
+I0000 00:00:1796031338.4 2830 environment.cc:532] Selected adapter: llvmpipe (LLVM 15.0.6, 256 bits), arch=software, vendor=mesa, backend=Vulkan, adapterType=CPU / Software
+ERROR: Following operations are not supported by GPU delegate:
+BROADCAST_TO: Operation is not supported.
+RANDOM_OP: Not supported in this build.
+659 operations will run on the GPU, and the remaining 629 operations will run on the CPU.
+"""
+
+
+def test_refused_ops_and_adapter_are_read_from_the_log():
+    assert gpu_accelerator.refused_ops(LOG) == ["BROADCAST_TO: Operation is not supported.",
+                                                "RANDOM_OP: Not supported in this build."]
+    assert gpu_accelerator.adapter_name(LOG) == "llvmpipe (LLVM 15.0.6, 256 bits)"
+    assert gpu_accelerator.refused_ops("nothing refused") == [] and gpu_accelerator.adapter_name("") is None
+
+
+class Toy(torch.nn.Module):
+    def __init__(self, alias: bool = False, broadcast: bool = False):
+        super().__init__()
+        self.alias, self.broadcast = alias, broadcast
+
+    def forward(self, x, valid):
+        y = x @ x.transpose(-1, -2)
+        if self.broadcast:  # an expand feeding a concatenation: the converter emits BROADCAST_TO
+            y = torch.cat([y, valid[:, None, :].expand(1, 4, 4)], dim=-1)
+        out = {"y": y, "z": x * 2.0}
+        if self.alias:
+            out["slots"] = valid
+        return out
+
+
+def toy_graph(tmp_path, name, **kw):
+    path = tmp_path / f"{name}.tflite"
+    export.convert(Toy(**kw).eval(), {"x": torch.randn(1, 4, 8), "valid": torch.ones(1, 4)}, path)
+    return path
+
+
+def test_a_clean_graph_runs_on_the_gpu_in_both_modes(tmp_path):
+    path = toy_graph(tmp_path, "clean")
+    x, valid = torch.randn(1, 4, 8), torch.ones(1, 4)
+    for fp32, bound in ((True, 1e-5), (False, 5e-3)):
+        c = gpu_accelerator.compile(path, fp32)
+        assert c.fully_accelerated and c.adapter
+        out = c.signature()(x=x, valid=valid)
+        assert gpu_accelerator.rel(out["y"], x @ x.transpose(-1, -2)) < bound
+
+
+def test_output_that_is_an_input_fails_the_census_gate_and_is_left_unwritten_on_the_gpu(tmp_path):
+    """Why pair_graph computes its slots: the accelerator does not write an output that is an input."""
+    path = toy_graph(tmp_path, "alias", alias=True)
+    found = tflite_file.violations(tflite_file.census(path))
+    assert any("slots = input valid" in v for v in found), found
+    valid = torch.tensor([[1.0, 1.0, 0.5, 0.25]])
+    out = gpu_accelerator.compile(path, True).signature()(x=torch.randn(1, 4, 8), valid=valid)
+    assert not torch.equal(out["slots"], valid), "the accelerator now passes inputs through: the rule can be relaxed"
+
+
+class ChunkPad(torch.nn.Module):
+    """The chunk kernel's padding of g to whole chunks, [1, 12, 4] -> chunk-major [2, 4, 8]: by PAD on a
+    rank-3 view (as the kernel did), or by concatenating zeros (as it does)."""
+
+    def __init__(self, pad_op: bool):
+        super().__init__()
+        self.pad_op = pad_op
+
+    def forward(self, g):
+        x = g.transpose(1, 2).reshape(4, 12, 1)
+        x = torch.nn.functional.pad(x, (0, 0, 0, 4)) if self.pad_op else torch.cat([x, torch.zeros(4, 4, 1)], dim=1)
+        return {"y": x.reshape(4, 2, 8).transpose(0, 1).contiguous() * 2.0}
+
+
+def test_a_rank3_pad_fails_the_census_gate_and_computes_wrong_on_the_gpu(tmp_path):
+    """Why the chunk kernel concatenates zeros: the accelerator takes a rank-3 PAD and gets it wrong."""
+    g = torch.randn(1, 12, 4)
+    errors = {}
+    for pad_op in (True, False):
+        path = tmp_path / f"pad_{pad_op}.tflite"
+        export.convert(ChunkPad(pad_op).eval(), {"g": g}, path)
+        found = tflite_file.violations(tflite_file.census(path))
+        assert any("PAD x1 on a tensor of rank < 4" in v for v in found) == pad_op, found
+        out = gpu_accelerator.compile(path, True).signature()(g=g)["y"]
+        errors[pad_op] = gpu_accelerator.rel(out, ChunkPad(pad_op)(g)["y"])
+    assert errors[False] < 1e-6 and errors[True] > 0.1, errors
+
+
+@pytest.fixture(scope="module")
+def two_layer_model(tiny_snapshot):
+    """The tiny stack cut to one GatedDeltaNet and one attention layer: a pair converts in seconds."""
+    model, _, _ = P.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
+    kinds = [layer.block_type for layer in model.layers]
+    model.layers = torch.nn.ModuleList([model.layers[kinds.index("linear_attention")],
+                                        model.layers[kinds.index("full_attention")]])
+    return model, Host(tiny_snapshot)
+
+
+def convert_pair(model, host, path, P_=16, S=8):
+    prefix = pair_graph.PairPrefix(model, P_).eval()
+    suffix = pair_graph.PairSuffix(model, P_, S).eval()
+    first = host.record([0], P_)
+    with torch.no_grad():
+        state = {k: v for k, v in prefix(**first).items() if k != "hidden"}
+    export.convert_signatures({"prefix": (prefix, first), "suffix": (suffix, {**host.record([0], S, start=1), **state})},
+                              path)
+
+
+def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_layer_model, tmp_path, monkeypatch):
+    model, host = two_layer_model
+
+    def expanded(past_slots, length):  # the pair's past mask as it was before verify_gpu found BROADCAST_TO
+        return ((1.0 - past_slots) * pair_graph.MASKED)[:, None, None, :].expand(-1, 1, length, -1)
+
+    monkeypatch.setattr(pair_graph, "past_mask", expanded)
+    raw = tmp_path / "broken.raw"
+    convert_pair(model, host, raw)
+    census = tflite_file.census(raw)
+    assert census["signatures"]["suffix"]["ops"].get("BROADCAST_TO") and not census["signatures"]["prefix"]["ops"].get("BROADCAST_TO")
+
+    out = tmp_path / "pair.tflite"
+    with pytest.raises(ClefError, match="census gate: op BROADCAST_TO"):
+        export.write(out, raw, {"kind": "pair"})
+    assert not out.exists()
+
+    with pytest.raises(ClefError) as info:
+        gpu_accelerator.compile(raw, True, census)
+    assert "first refused op BROADCAST_TO" in str(info.value) and "in signature suffix" in str(info.value), str(info.value)
+
+
+def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_model, tmp_path):
+    """P=16, S=8: both signatures pad their chunks, which a PAD op got wrong on the GPU."""
+    model, host = two_layer_model
+    path = tmp_path / "pair.tflite"
+    convert_pair(model, host, path)
+    census = tflite_file.census(path)
+    assert tflite_file.violations(census) == []
+    compiled = gpu_check.compile_modes(path, census)
+    assert all(c.fully_accelerated for c in compiled.values())
+    rows = gpu_check.signature_rows({"fp32": compiled["fp32"]}, pair_graph.PairPrefix(model, 16).eval(),
+                                    pair_graph.PairSuffix(model, 16, 8).eval(), host, 16, 8, list(range(3, 27)))
+    assert {r["signature"] for r in rows} == {"prefix", "suffix"}
+    assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
+    assert pair_graph.SLOTS in rows[0]["rel_vs_torch_per_output"]  # every output is compared, the slots too
+
+
+def row(mode, rel_torch, finite=True, fp16=0.02, floor=0.01):
+    r = {"mode": mode, "record": "full", "finite": finite, "rel_vs_torch": rel_torch}
+    if mode == "fp16":
+        r.update({"fp16_rel_vs_f64": fp16, "fp16_rel_per_position_vs_f64": fp16, "floor_rel_vs_f64": floor,
+                  "floor_rel_per_position_vs_f64": floor})
+    return r
+
+
+def test_summary_fails_on_nan_non_finite_and_fp32_over_the_bound():
+    ok, problems = gpu_check.summary([row("fp32", 1e-6), row("fp16", 0.02)], 1e-4, 2.0)
+    assert problems == [] and ok["fp16_over_floor"] == pytest.approx(2.0) and ok["fp16_within_target"]
+    nan = gpu_accelerator.rel(torch.tensor([float("nan"), 1.0]), torch.tensor([1.0, 1.0]))
+    assert nan == float("inf")
+    _, problems = gpu_check.summary([row("fp32", nan), row("fp16", 0.02)], 1e-4, 2.0)
+    assert problems and "rel vs torch inf" in problems[0]
+    _, problems = gpu_check.summary([row("fp32", 2e-4), row("fp16", 0.02, finite=False)], 1e-4, 2.0)
+    assert len(problems) == 2 and any("not finite" in p for p in problems)
+
+
+def test_per_position_error_sees_an_ordinary_position_next_to_an_outlier():
+    ref = torch.ones(1, 3, 4)
+    ref[0, 0] = 1000.0  # an outlier position dominates the global figure
+    out = ref.clone()
+    out[0, 2] += 0.5
+    assert gpu_accelerator.rel(out, ref) < 1e-3
+    assert max(gpu_accelerator.rel_per_position(out, ref)) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("section, fragment", [
+    ({"max_rel_fp32": "x", "fp16_max_over_floor": 2.0}, "verify_gpu.max_rel_fp32 'x'"),
+    ({"max_rel_fp32": -1e-4, "fp16_max_over_floor": 2.0}, "verify_gpu.max_rel_fp32 -0.0001"),
+    ({"max_rel_fp32": 1e-4, "fp16_max_over_floor": float("nan")}, "verify_gpu.fp16_max_over_floor nan"),
+    ({"max_rel_fp32": 1e-4}, "verify_gpu.fp16_max_over_floor None"),
+    ([1], "must be a mapping"),
+])
+def test_bad_gpu_params_refused(section, fragment):
+    with pytest.raises(ClefError, match="params.yaml") as info:
+        gpu_check.limits(section)
+    assert fragment in str(info.value)
+
+
+def run_verify_gpu(workdir, *args, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "stages.verify_gpu", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_no_vulkan_adapter_is_one_line_and_writes_nothing(workdir, tmp_path):
+    graph = workdir / "artifacts" / "rows" / "row_L64.tflite"
+    graph.parent.mkdir(parents=True)
+    graph.write_bytes(toy_graph(tmp_path, "clean").read_bytes())
+    proc = run_verify_gpu(workdir, "--length", "64",
+                          env_extra={"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"})
+    assert_one_line_error(proc, "no Vulkan adapter", "mesa-vulkan-drivers")
+    assert not (workdir / "results" / "gpu").exists() and not (workdir / "results" / "metrics").exists()
+
+
+def test_verify_gpu_refuses_a_graph_with_broadcast_to_before_the_gpu(workdir, tmp_path):
+    graph = workdir / "artifacts" / "pairs" / "pair_P64_S64.tflite"
+    graph.parent.mkdir(parents=True)
+    graph.write_bytes(toy_graph(tmp_path, "broadcast", broadcast=True).read_bytes())
+    proc = run_verify_gpu(workdir, "--prefix", "64", "--suffix", "64")
+    assert_one_line_error(proc, "pair_P64_S64.tflite", "census gate", "BROADCAST_TO")
+    assert not (workdir / "results" / "gpu").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((), "--length L (a row graph) or --prefix P --suffix S"),
+    (("--length", "64", "--prefix", "64", "--suffix", "64"), "--length L (a row graph) or"),
+    (("--length", "64"), "run the export@64 stage first"),
+])
+def test_verify_gpu_bad_arguments(workdir, args, fragment):
+    assert_one_line_error(run_verify_gpu(workdir, *args), fragment)
+
