@@ -31,8 +31,8 @@ INSTALL_HINT = ("no Vulkan adapter for LiteRT's GPU accelerator: install Mesa's 
                 "(`make env` does it as root on Debian 12/13: mesa-vulkan-drivers, from bookworm-backports on 12) "
                 "or run on a machine with a GPU")
 _ADAPTER = re.compile(r"Selected adapter: (.+?)(?:, arch=|$)", re.M)
-_REFUSED_HEAD = "Following operations are not supported by GPU delegate:"
-_FALLBACK = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
+REFUSED_HEAD = "Following operations are not supported by GPU delegate:"
+FALLBACK = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
 _NO_ADAPTER = ("No adapters found", "Failed to create WebGPU", "No GPU adapter", "Failed to create a WebGPU")
 
 
@@ -60,7 +60,7 @@ def refused_ops(log: str) -> list[str]:
     ops: list[str] = []
     lines = log.splitlines()
     for i, line in enumerate(lines):
-        if _REFUSED_HEAD in line:
+        if REFUSED_HEAD in line:
             for nxt in lines[i + 1:]:
                 if not re.match(r"^[A-Z0-9_]+: ", nxt.strip()):
                     break
@@ -155,7 +155,7 @@ def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: 
         raise ClefError(f"{path}: {INSTALL_HINT}")
     refused = refused_ops(text)
     if refused or error is not None:
-        fallback = _FALLBACK.search(text)
+        fallback = FALLBACK.search(text)
         counts = f"; {fallback.group(2)} of {int(fallback.group(1)) + int(fallback.group(2))} ops would run on the CPU" \
             if fallback else ""
         where = holding(census, refused[0].split(":")[0]) if refused else []

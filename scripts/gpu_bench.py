@@ -46,7 +46,7 @@ STOCK_FORM = "loop"
 LITERT_MODES = {"chunked": (False, 1), "recurrent": (False, 0), "fused": (True, 0)}
 # accelerator log lines that say nothing about the graph (plugins absent here, Dawn's limit notes)
 _BOILERPLATE = ("IntelOpenvino", "libopenvino", "NPU accelerator", "artificially reduced", "libOpenCL",
-                "Logging before InitGoogle", gpu_accelerator._REFUSED_HEAD)
+                "Logging before InitGoogle", gpu_accelerator.REFUSED_HEAD)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def compile_mixed(path: Path, fp32: bool):
         except RuntimeError as exc:
             error = " ".join(str(exc).split())
     text = log["text"]
-    counts = gpu_accelerator._FALLBACK.search(text)
+    counts = gpu_accelerator.FALLBACK.search(text)
     refused = gpu_accelerator.refused_ops(text)
     facts = {"refused": tally(refused), "refused_lines": len(refused),
              "gpu_ops": int(counts.group(1)) if counts else None, "cpu_ops": int(counts.group(2)) if counts else None,

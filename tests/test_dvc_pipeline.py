@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import tflite_file
+from scripts import layout, tflite_file
 from tests.conftest import ROOT, clef, dvc, git
 
 STAGES = {name: st.get("do", st) for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
@@ -114,6 +114,16 @@ def test_pipeline_end_to_end(pipeline):
     for pair in params["pairs"]:
         doc = json.loads((repo / "results" / f"pair_P{pair['prefix']}_S{pair['suffix']}.json").read_text())
         assert doc["summary"]["passed"] and set(doc["census"]["signatures"]) == {"prefix", "suffix"}
+    # every row and pair signature on the GPU accelerator alone: fully accelerated, fp32 exact, fp16 finite
+    gpu = [layout.gpu_name(n) for n in params["lengths"]] + \
+        [layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"]) for q in params["pairs"]]
+    for name in gpu:
+        doc = json.loads((repo / layout.gpu_result_path(name)).read_text())
+        assert doc["passed"] and doc["fully_accelerated"] and doc["all_finite"], name
+        assert doc["fp32_max_rel_vs_torch"] <= doc["threshold_fp32"] and doc["floor_max_rel_vs_f64"] > 0, name
+        assert doc["device"]["adapter"] and {r["mode"] for r in doc["rows"]} == {"fp32", "fp16"}, name
+    assert {s for name in gpu[len(params["lengths"]):] for s in
+            json.loads((repo / layout.gpu_result_path(name)).read_text())["signatures"]} == {"prefix", "suffix"}
     # a pair stores its weights once: about the size of one row graph, not two
     small = min(params["pairs"], key=lambda q: q["prefix"])
     pair_bytes = (repo / "artifacts/pairs" / f"pair_P{small['prefix']}_S{small['suffix']}.tflite").stat().st_size
@@ -170,7 +180,9 @@ def test_metrics_and_plots(pipeline, tmp_path):
     rows = {Path(path).stem: entry["data"] for path, entry in files.items()}
     params = load_params(repo)
     for check in ["kernel", "layers", "model"] + [f"tflite_L{n}" for n in params["lengths"]] + \
-            [f"pair_P{q['prefix']}_S{q['suffix']}" for q in params["pairs"]]:
+            [f"pair_P{q['prefix']}_S{q['suffix']}" for q in params["pairs"]] + \
+            [layout.gpu_name(n) for n in params["lengths"]] + \
+            [layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"]) for q in params["pairs"]]:
         assert rows[check]["passed"] is True and 0 <= rows[check]["max_rel"] <= rows[check]["threshold"], check
     for n in params["lengths"]:
         assert {"ops_per_gdn_layer", "bytes", "torch_over_litert", "litert_ms"} <= set(rows[f"tflite_L{n}"])

@@ -171,6 +171,20 @@ def test_clef_verify_passes_on_the_release(built):
     assert "all checks passed" in proc.stdout and f"[{len(manifest['artifacts'])}/" in proc.stderr  # progress
 
 
+def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built):
+    manifest = release.load_manifest(built)
+    for path, art in manifest["artifacts"].items():
+        g = art["gpu"]
+        assert g["fully_accelerated"] and g["all_finite"] and g["device"]["adapter"], path
+        assert g["fp32_max_rel_vs_torch"] <= g["threshold_fp32"] and g["floor_max_rel_vs_f64"] > 0, path
+    proc = clef(built.parent, "verify", "--gpu", str(built))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for path in manifest["artifacts"]:
+        for mode in ("fp32", "fp16"):
+            assert re.search(rf"ok   {re.escape(path)}: GPU {mode} on .+: max rel", proc.stdout), (path, mode, proc.stdout)
+    assert "DestroyAccelerator" not in proc.stderr, "the runtime's teardown log leaks after clef's output"
+
+
 @pytest.mark.parametrize("tamper, named", [
     ("byte", "changed file: rows/row_L64.tflite"),
     ("missing", "missing file: checks/pair_P64_S64.safetensors"),
