@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release test env vulkan real-width bench gpu-bench
+.PHONY: release test env vulkan real-width bench gpu-bench gpu-parts
 
 env: $(STAMP) vulkan
 
@@ -41,3 +41,8 @@ bench: env
 # accelerator beside our form (after make release). A benchmark: not part of `make test`.
 gpu-bench: env
 	python -m scripts.gpu_bench
+
+# results/gpu_parts.json: the first GatedDeltaNet taken apart on the GPU accelerator in fp16, one-op
+# graphs, and the split-K / series-log1p candidates measured (after make release). A benchmark.
+gpu-parts: env
+	python -m scripts.gpu_parts
