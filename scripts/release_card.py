@@ -78,7 +78,8 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
             out.append(f"| {what}: GPU accelerator, fp32 (enforce_f32) vs torch | {g['fp32_max_rel_vs_torch']:.2e} | "
                        f"{g['threshold_fp32']:g} |")
             out.append(f"| {what}: GPU accelerator, fp16 vs float64 (floor: torch float16 {g['floor_max_rel_vs_f64']:.2e}) | "
-                       f"{g['fp16_max_rel_vs_f64']:.2e} | target {g['fp16_target_over_floor']:g} x floor |")
+                       f"{g['fp16_max_rel_vs_f64']:.2e} | target {g['fp16_target_over_floor']:g} x floor: "
+                       f"{'met' if g['fp16_within_target'] else 'not met'} ({g['fp16_over_floor']:.1f} x) |")
     gpus = [a["gpu"] for a in artifacts.values() if "gpu" in a]
     if gpus:
         out += ["", f"GPU accelerator: every signature of {sum(g['fully_accelerated'] for g in gpus)} of {len(gpus)} "
