@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -84,6 +85,13 @@ class Compiled:
     adapter: str
     fully_accelerated: bool
     log: str = field(repr=False)
+
+    def close(self) -> None:
+        """Release the compiled model now, with the runtime's teardown log kept off stderr (it logs
+        every accelerator it destroys)."""
+        with captured_stderr():
+            self.model = None
+            gc.collect()
 
     def signature(self, name: str | None = None):
         """A signature as a callable on named torch tensors -> {output name: float32 tensor}."""

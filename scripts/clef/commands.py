@@ -166,7 +166,10 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
             problems.append(f"{path}: GPU {mode}: {exc}")
             print(f"FAIL {path}: GPU {mode}: {exc}")
             continue
-        measured = release.reference_error(compiled.signature, art["kind"], record)
+        try:
+            measured = release.reference_error(compiled.signature, art["kind"], record)
+        finally:
+            compiled.close()
         if fp32:
             ok = measured <= ref["threshold"]
             recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
