@@ -135,29 +135,36 @@ def _quiet_teardown() -> None:
     os.dup2(devnull, 2)
 
 
-def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: A001  (the accelerator's word)
-    """Compile `path` for the GPU accelerator alone; fp32 = enforce_f32, else the default fp16 mode.
-    A refused op (named with the signatures that hold it, given the file's census), a partial
-    acceleration or a missing adapter is a ClefError naming it."""
+def load(path, accelerators, fp32: bool = True) -> tuple:
+    """CompiledModel.from_file on `accelerators` (HardwareAccelerator flags), fp32 = enforce_f32, with
+    the runtime's log captured; -> (model or None, log text, the runtime's error or None)."""
     from ai_edge_litert.compiled_model import CompiledModel
-    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
     from ai_edge_litert.options import Options
 
-    path = Path(path)
-    if not path.is_file():
-        raise ClefError(f"no {path} to compile for the GPU")
     atexit.unregister(_quiet_teardown)  # one entry, however many graphs are compiled
     atexit.register(_quiet_teardown)
-    options = Options(hardware_accelerators=HardwareAccelerator.GPU)
+    options = Options(hardware_accelerators=accelerators)
     options.gpu_options.enforce_f32 = fp32
-    mode = "fp32" if fp32 else "fp16"
     model, error = None, None
     with captured_stderr() as log:
         try:
             model = CompiledModel.from_file(str(path), options=options)
         except RuntimeError as exc:
             error = " ".join(str(exc).split())
-    text = log["text"]
+    return model, log["text"], error
+
+
+def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: A001  (the accelerator's word)
+    """Compile `path` for the GPU accelerator alone; fp32 = enforce_f32, else the default fp16 mode.
+    A refused op (named with the signatures that hold it, given the file's census), a partial
+    acceleration or a missing adapter is a ClefError naming it."""
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no {path} to compile for the GPU")
+    mode = "fp32" if fp32 else "fp16"
+    model, text, error = load(path, HardwareAccelerator.GPU, fp32)
     name = adapter_name(text)
     if name is None or any(s in text for s in _NO_ADAPTER):
         raise ClefError(f"{path}: {INSTALL_HINT}")

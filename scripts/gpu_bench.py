@@ -118,19 +118,9 @@ def notable_lines(log: str) -> list[str]:
 
 def compile_mixed(path: Path, fp32: bool):
     """Compile for GPU | CPU; -> (Compiled or None, facts: refused ops, GPU/CPU op counts, error)."""
-    from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-    from ai_edge_litert.options import Options
 
-    options = Options(hardware_accelerators=HardwareAccelerator.GPU | HardwareAccelerator.CPU)
-    options.gpu_options.enforce_f32 = fp32
-    model, error = None, None
-    with gpu_accelerator.captured_stderr() as log:
-        try:
-            model = CompiledModel.from_file(str(path), options=options)
-        except RuntimeError as exc:
-            error = " ".join(str(exc).split())
-    text = log["text"]
+    model, text, error = gpu_accelerator.load(path, HardwareAccelerator.GPU | HardwareAccelerator.CPU, fp32)
     counts = gpu_accelerator.FALLBACK.search(text)
     refused = gpu_accelerator.refused_ops(text)
     facts = {"refused": tally(refused), "refused_lines": len(refused),
@@ -145,18 +135,12 @@ def compile_mixed(path: Path, fp32: bool):
 
 def compile_cpu(path: Path):
     """The CPU (XNNPACK) control; -> (Compiled or None, error lines)."""
-    from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-    from ai_edge_litert.options import Options
 
-    with gpu_accelerator.captured_stderr() as log:
-        try:
-            model = CompiledModel.from_file(str(path), options=Options(hardware_accelerators=HardwareAccelerator.CPU))
-        except RuntimeError:
-            model = None
+    model, text, _ = gpu_accelerator.load(path, HardwareAccelerator.CPU)
     if model is None:
-        return None, notable_lines(log["text"])
-    return gpu_accelerator.Compiled(path, True, model, "cpu", bool(model.is_fully_accelerated()), log["text"]), []
+        return None, notable_lines(text)
+    return gpu_accelerator.Compiled(path, True, model, "cpu", bool(model.is_fully_accelerated()), text), []
 
 
 # ---------------------------------------------------------------------------------------------
