@@ -204,8 +204,11 @@ def pair_decay(pair: torch.Tensor, form: Form, const: ChunkConstants) -> torch.T
     return torch.exp(pair.masked_fill(const.upper_strict_bool, float("-inf")))
 
 
-def make_kernel(form: Form):
+def make_kernel(form: Form, carry_state: bool = True):
     """The chunk kernel of `form`, with transformers' chunk-kernel signature.
+
+    carry_state=False zeroes the state at every chunk boundary: not a form, the fault verification
+    injects on purpose to show that its checks see a lost memory (scripts/controls.py).
 
     q, k [B, L, H, Dk] (already interleaved to the value-head count), v [B, L, H, Dv], g and beta
     [B, L, H], initial_state [B, H, Dk, Dv] (2^vs x stock under vs<k>). Returns (out [B, L, H, Dv],
@@ -263,6 +266,8 @@ def make_kernel(form: Form):
                  else initial_state.to(dtype).reshape(b * h, dk, dv))
         outs = []
         for i in range(n_chunks):  # unrolled at a fixed L: one block of ops per chunk, none per token
+            if i and not carry_state:
+                state = torch.zeros_like(state)
             v_new = u[i] - w[i] @ state
             outs.append(q_decayed[i] @ state + intra[i] @ v_new)
             state = state * carry[i] + k_tail[i] @ v_new
@@ -271,7 +276,7 @@ def make_kernel(form: Form):
         final = state.reshape(b, h, dk, dv) if output_final_state else None
         return out, final
 
-    kernel.__name__ = f"chunk_gated_delta_rule[{form}]"
+    kernel.__name__ = f"chunk_gated_delta_rule[{form}]" + ("" if carry_state else "[state zeroed per chunk]")
     kernel.form = form
     return kernel
 

@@ -66,6 +66,7 @@ class ClefGatedDeltaNet(M.Qwen3_5GatedDeltaNet):
     """
 
     uses_softplus_attribute = True  # clef_kernel.apply() may set `softplus` (the sp part)
+    pad_decay_guard = True  # False only inside controls.without_pad_guard(): pads then decay the state
 
     def project(self, hidden_states, valid):
         """The projections under the pad guard -> (keep [B, L, 1], pre-conv qkv [B, L, C], z, beta, a)."""
@@ -75,7 +76,9 @@ class ClefGatedDeltaNet(M.Qwen3_5GatedDeltaNet):
         mixed_qkv = self.in_proj_qkv(hidden_states)
         z = self.in_proj_z(hidden_states).reshape(b, length, -1, self.head_v_dim)
         beta = self.in_proj_b(hidden_states).sigmoid()
-        a = self.in_proj_a(hidden_states) * keep + (1.0 - keep) * PAD_A
+        a = self.in_proj_a(hidden_states)
+        if self.pad_decay_guard:
+            a = a * keep + (1.0 - keep) * PAD_A
         return keep, mixed_qkv, z, beta, a
 
     def mix(self, conv_qkv, z, beta, a, initial_state=None, output_final_state=False):

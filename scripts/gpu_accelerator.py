@@ -180,22 +180,6 @@ def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: 
     return Compiled(path, fp32, model, name, bool(model.is_fully_accelerated()), text)
 
 
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |x - ref| / max |ref|; inf when x is not finite (NaN never passes a bound)."""
-    if not bool(torch.isfinite(x).all()):
-        return float("inf")
-    x, ref = x.double(), ref.double()
-    return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
-
-
-def rel_per_position(x: torch.Tensor, ref: torch.Tensor) -> list[float]:
-    """||x - ref|| / ||ref|| at each position of [1, n, H] (or [n, H]) hidden states; inf where not finite."""
-    x, ref = x.double().reshape(-1, x.shape[-1]), ref.double().reshape(-1, ref.shape[-1])
-    err = (x - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-300)
-    err[~torch.isfinite(x).all(dim=-1)] = float("inf")
-    return [float(e) for e in err]
-
-
 def driver_info() -> str | None:
     """The Vulkan driver's own description (`vulkaninfo --summary`: driverName and driverInfo), or None
     when vulkan-tools is not installed."""

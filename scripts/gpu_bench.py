@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scripts import (atomic, clef_qwen35_patch, export, gpu_accelerator, model_check, provenance, row_graph,
+from scripts import (atomic, clef_qwen35_patch, compare, export, gpu_accelerator, model_check, provenance, row_graph,
                      snapshot, tflite_file)
 from scripts.clef_host import Host
 from scripts.errors import EXIT_BAD_INPUT, ClefError
@@ -163,9 +163,9 @@ run -> {"error", "log"}."""
         t0 = time.perf_counter()
         call(**feeds)
         times.append(time.perf_counter() - t0)
-    per_position = gpu_accelerator.rel_per_position(out, ref)
+    per_position = compare.rel_per_position(out, ref)
     worst = max(range(len(per_position)), key=lambda i: per_position[i])
-    return {"finite": bool(torch.isfinite(out).all()), "rel": gpu_accelerator.rel(out, ref),
+    return {"finite": bool(torch.isfinite(out).all()), "rel": compare.rel(out, ref),
             "worst_position_rel": per_position[worst], "worst_position": worst,
             "median_position_rel": statistics.median(per_position),
             "median_s": statistics.median(times), "times_s": times, "first_run_log": notable_lines(log["text"])}
@@ -210,11 +210,11 @@ def candidate(name: str, level: str, what: str, path: Path, feeds: dict, refs: t
            "violations": tflite_file.violations(census), "ops": census["ops"]}
     if torch_module is not None:  # the converted module itself in fp32 torch: the function it computes
         with torch.no_grad():
-            row["torch_fp32_rel"] = gpu_accelerator.rel(torch_module(**feeds)["hidden"], ref)
+            row["torch_fp32_rel"] = compare.rel(torch_module(**feeds)["hidden"], ref)
     row.update(gpu_rows(path, feeds, ref, adapters))
     fp16 = row["runs"]["fp16"]
     if fp16 is not None and "rel" in fp16:
-        fp16["over_floor"] = fp16["rel"] / gpu_accelerator.rel(floor, ref)
+        fp16["over_floor"] = fp16["rel"] / compare.rel(floor, ref)
     cpu, error = compile_cpu(path)
     row["cpu_control"] = {"error": error} if cpu is None else {"accelerators": "CPU", **measure(cpu, feeds, ref)}
     close(cpu)
@@ -246,7 +246,7 @@ def references(model, inputs: dict, layer_idx: int, layer_in: torch.Tensor) -> d
 
 
 def floor_figures(refs: dict) -> dict:
-    return {level: {"rel": gpu_accelerator.rel(half, exact), "worst_position_rel": max(gpu_accelerator.rel_per_position(half, exact))}
+    return {level: {"rel": compare.rel(half, exact), "worst_position_rel": max(compare.rel_per_position(half, exact))}
             for level, (exact, half) in refs.items()}
 
 

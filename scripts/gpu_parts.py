@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scripts import atomic, clef_host, clef_kernel, clef_qwen35_patch, export, gpu_accelerator, model_check, snapshot
+from scripts import atomic, clef_host, clef_kernel, clef_qwen35_patch, compare, export, gpu_accelerator, model_check
+from scripts import snapshot
 from scripts.row_graph import ClefRowPrefill
 
 OUT = Path("results/gpu_parts.json")
@@ -38,7 +39,7 @@ FORM = "R64+sp+ec+dd+vs6"
 PART_L, PART_SEED = 256, 0  # the parts' record: 4 chunks, so the inter-chunk recurrence runs
 MODEL_L, MODEL_SEEDS = 64, tuple(range(8))
 SK_WIDTH = 8
-rel = gpu_accelerator.rel
+rel = compare.rel
 ADAPTER: dict = {}
 
 
@@ -455,7 +456,7 @@ def graph_rows(model, host) -> dict:
 
 
 def mean_per_position(outs: dict, refs: dict) -> float:
-    return sum(sum(gpu_accelerator.rel_per_position(outs[s], refs[s])) / MODEL_L for s in refs) / len(refs)
+    return sum(sum(compare.rel_per_position(outs[s], refs[s])) / MODEL_L for s in refs) / len(refs)
 
 
 def graph_figures(model, records, refs, current64, name) -> dict:

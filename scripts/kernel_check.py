@@ -1,24 +1,30 @@
 """Kernel-level verification: every form's chunk kernel against float64 truth and the stock kernel.
 
-Four input regimes, each a way the chunked delta rule can go wrong:
+Five input regimes, each a way the chunked delta rule can go wrong:
   R1 random keys, strong decay (g in [-3, -0.05]): decays underflow inside a chunk;
   R2 random keys, weak decay (g in [-0.02, 0]): the state carries across many chunks;
   R3 correlated keys (one shared direction + 0.3 noise), weak decay: an ill-conditioned inverse;
-  R4 one key for every token, no decay: the in-chunk inverse at its worst (every pair interacts).
+  R4 one key for every token, no decay: the in-chunk inverse at its worst (every pair interacts);
+  R5 gate extremes: g = -A softplus(a + dt_bias) with a in [-20, 20], computed in the run's own
+     dtype through the form's softplus, as a GPU runs the layer in fp16: exp(a) overflows fp16 past
+     a ~ 11, which `sp` avoids and `ec` contains. The configured form must stay finite in fp16 in all.
 q and k are drawn with the checkpoint's key-head count and interleaved to the value-head count, so
 head pairs are identical as in clef-flash. The truth is the token-by-token recurrence in float64.
-Relative error = max |diff| / max |truth|.
+Errors: scripts/compare.py (global, and per position for the output).
 """
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from scripts import clef_kernel
+from scripts import clef_kernel, compare, controls
 
-REGIMES = ("R1", "R2", "R3", "R4")
+REGIMES = ("R1", "R2", "R3", "R4", "R5")
+GATE_A_MAX = 20.0  # R5's |a|: exp(20) ~ 5e8 is far past fp16's 65504
 LENGTHS = (256, 130, 200)  # 130 and 200 leave a tail that is not a multiple of any chunk
 INIT_STATE_STD = 0.1
 
@@ -27,7 +33,7 @@ def regime_inputs(name: str, length: int, seed: int, hk: int, hv: int, dk: int, 
     """(q, k, v, g, beta, s0) for one regime; q/k drawn with hk heads and interleaved to hv."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(1, length, hk, dk, generator=gen)
-    if name in ("R1", "R2"):
+    if name in ("R1", "R2", "R5"):
         k = torch.randn(1, length, hk, dk, generator=gen)
     elif name == "R3":
         u = torch.randn(1, 1, hk, dk, generator=gen)
@@ -43,6 +49,10 @@ def regime_inputs(name: str, length: int, seed: int, hk: int, hv: int, dk: int, 
     elif name in ("R2", "R3"):
         beta = 0.2 + 0.7 * torch.rand(1, length, hv, generator=gen)
         g = -0.02 * torch.rand(1, length, hv, generator=gen)
+    elif name == "R5":
+        beta = 0.2 + 0.7 * torch.rand(1, length, hv, generator=gen)
+        g = Gate(a=GATE_A_MAX * (2 * torch.rand(1, length, hv, generator=gen) - 1),
+                 A=1.0 + 15.0 * torch.rand(hv, generator=gen), dt_bias=2 * torch.rand(hv, generator=gen) - 1)
     else:
         beta = torch.full((1, length, hv), 0.5)
         g = torch.zeros(1, length, hv)
@@ -50,6 +60,23 @@ def regime_inputs(name: str, length: int, seed: int, hk: int, hv: int, dk: int, 
     r = hv // hk
     q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
     return q, k, v, g, beta, s0
+
+
+@dataclass(frozen=True)
+class Gate:
+    """R5's g before it is computed: g = -A softplus(a + dt_bias), evaluated in the dtype of the run."""
+    a: torch.Tensor  # [B, L, H]
+    A: torch.Tensor  # [H]
+    dt_bias: torch.Tensor  # [H]
+
+    def to(self, dtype, softplus=None) -> torch.Tensor:
+        """softplus None: log(1 + e^x) op by op, each result rounded to `dtype` as a delegate computes
+        it (torch's fused F.softplus keeps fp32 inside on CPU, so it cannot show fp16 overflowing)."""
+        a, A, dt_bias = (x.to(dtype) for x in (self.a, self.A, self.dt_bias))
+        x = a + dt_bias
+        if softplus is None:
+            return -A * (F.softplus(x) if dtype == torch.float64 else torch.log1p(torch.exp(x)))
+        return -A * softplus(x)
 
 
 def recurrence_f64(q, k, v, g, beta, s0):
@@ -68,12 +95,9 @@ def recurrence_f64(q, k, v, g, beta, s0):
     return torch.stack(outs, 1), s
 
 
-def rel(x: torch.Tensor, truth: torch.Tensor) -> float:
-    return float((x.to(torch.float64) - truth).abs().max() / truth.abs().max().clamp_min(1e-300))
-
-
-def run_form(form, inputs, dtype=torch.float32, scaled_state=True):
-    """A form's kernel on `inputs` in `dtype`; -> (out, state) divided back by 2^vs, in float64.
+def run_form(form, inputs, dtype=torch.float32, scaled_state=True, kernel=None):
+    """A form's kernel (or `kernel`, a variant of it) on `inputs` in `dtype`; -> (out, state) divided
+    back by 2^vs, in float64.
 
     Under vs<k> the state passed in is scaled by 2^k (the contract) unless scaled_state is False
     (the control: the wrong contract)."""
@@ -81,8 +105,10 @@ def run_form(form, inputs, dtype=torch.float32, scaled_state=True):
     scale = form.v_scale
     if s0 is not None and scaled_state:
         s0 = s0 * scale
+    if isinstance(g, Gate):  # R5: the gate in the run's dtype through the form's softplus
+        g = g.to(dtype, clef_kernel.safe_softplus if form.sp else None)
     cast = [None if x is None else x.to(dtype) for x in (q, k, v, g, beta, s0)]
-    out, state = clef_kernel.make_kernel(form)(*cast[:5], initial_state=cast[5], output_final_state=True,
+    out, state = (kernel or clef_kernel.make_kernel(form))(*cast[:5], initial_state=cast[5], output_final_state=True,
                                                use_qk_l2norm_in_kernel=True)
     return out.to(torch.float64) / scale, state.to(torch.float64) / scale
 
@@ -91,8 +117,16 @@ def finite(*xs) -> bool:
     return all(bool(torch.isfinite(x).all()) for x in xs)
 
 
-def check(heads: dict, forms: list, seed: int = 0) -> list[dict]:
-    """One row per (regime, L, initial state): stock and every form, fp32 and fp16."""
+def form_figures(out, state, out_ref, state_ref, what: str) -> dict:
+    """The output (global and per position: positions are axis 1 of [B, L, H, Dv]) and the state
+    (global: it has no positions) of one kernel run against a reference."""
+    return {**compare.figures(what, out, out_ref, position_dim=1),
+            **compare.figures(f"state_{what}", state, state_ref, position_dim=None)}
+
+
+def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = None) -> list[dict]:
+    """One row per (regime, L, initial state): stock and every form, fp32 and fp16; for `control_form`
+    also the memory-cut control (scripts/controls.py) against the same truth."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule as stock_kernel
 
     rows = []
@@ -103,70 +137,88 @@ def check(heads: dict, forms: list, seed: int = 0) -> list[dict]:
                 case += 1
                 inputs = regime_inputs(name, length, seed + case, heads["k"], heads["v"], heads["k_dim"],
                                        heads["v_dim"], init)
-                out_t, state_t = recurrence_f64(*inputs)
                 q, k, v, g, beta, s0 = inputs
+                out_t, state_t = recurrence_f64(q, k, v, g, beta, s0)  # R5's gate exact in float64
+                if isinstance(g, Gate):
+                    g = g.to(torch.float32)
                 out_s, state_s = stock_kernel(q, k, v, g, beta, initial_state=s0, output_final_state=True,
                                               use_qk_l2norm_in_kernel=True)
                 row = {"regime": name, "L": length, "initial_state": init,
                        "head_pairs_identical": bool(torch.equal(q[:, :, 0::2], q[:, :, 1::2])),
-                       "stock": {"out_rel_vs_f64": rel(out_s, out_t), "state_rel_vs_f64": rel(state_s, state_t),
+                       "stock": {**form_figures(out_s, state_s, out_t, state_t, "vs_f64"),
                                  "finite": finite(out_s, state_s)},
                        "forms": {}}
                 for text in forms:
                     form = clef_kernel.parse(text)
                     out, state = run_form(form, inputs)
                     out16, state16 = run_form(form, inputs, dtype=torch.float16)
-                    entry = {"out_rel_vs_f64": rel(out, out_t), "state_rel_vs_f64": rel(state, state_t),
-                             "out_rel_vs_stock": rel(out, out_s.double()),
-                             "state_rel_vs_stock": rel(state, state_s.double()),
+                    entry = {**form_figures(out, state, out_t, state_t, "vs_f64"),
+                             **form_figures(out, state, out_s.double(), state_s.double(), "vs_stock"),
                              "finite": finite(out, state),
                              "fp16": {"finite": finite(out16, state16),
-                                      "out_rel_vs_f64": rel(out16, out_t) if finite(out16) else None,
-                                      "state_rel_vs_f64": rel(state16, state_t) if finite(state16) else None}}
+                                      **form_figures(out16, state16, out_t, state_t, "vs_f64")}}
                     if init and form.vs:
                         wrong, _ = run_form(form, inputs, scaled_state=False)
-                        entry["control_unscaled_state_out_rel_vs_f64"] = rel(wrong, out_t)
+                        entry["control_unscaled_state_rel_vs_f64"] = compare.rel(wrong, out_t)
+                    if str(form) == control_form:
+                        cut, cut_state = run_form(form, inputs, kernel=controls.memory_cut_kernel(form))
+                        entry["control_memory_cut"] = form_figures(cut, cut_state, out_t, state_t, "vs_f64")
                     row["forms"][str(form)] = entry
                 rows.append(row)
     return rows
 
 
-def summarize(rows: list[dict], form: str, threshold: float) -> dict:
+BOUNDED = ("rel_vs_f64", "rel_per_position_vs_f64", "rel_state_vs_f64")
+
+
+def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dict:
+    """limits: {"rel_vs_f64", "rel_per_position_vs_f64"} bounds; the state is held to the global one.
+    Failures: the configured form over a bound or not finite, in fp32; not finite in fp16 in any
+    regime (`sp` and `ec` exist for that); its memory-cut control under min_over x the global bound."""
     forms = list(rows[0]["forms"])
+    bounds = {**limits, "rel_state_vs_f64": limits["rel_vs_f64"]}
 
     def worst(key, f, sub=None):
-        vals = [(r["forms"][f][sub] if sub else r["forms"][f])[key] for r in rows]
-        return None if any(v is None for v in vals) else max(vals)
+        return compare.worst([(r["forms"][f][sub] if sub else r["forms"][f]) for r in rows], key)
 
-    failures = []
-    for r in rows:
-        e = r["forms"][form]
-        where = f"{form} {r['regime']} L={r['L']} initial_state={r['initial_state']}"
-        if not e["finite"]:
-            failures.append(f"{where}: not finite")
-        for key in ("out_rel_vs_f64", "state_rel_vs_f64"):
-            if e["finite"] and e[key] > threshold:
-                failures.append(f"{where}: {key} {e[key]:.3g} > {threshold:g}")
-    controls = [r["forms"][f].get("control_unscaled_state_out_rel_vs_f64") for r in rows for f in forms]
-    controls = [c for c in controls if c is not None]
+    def labelled(r, entry):
+        return {"check": form, "regime": r["regime"], "L": r["L"], "initial_state": r["initial_state"], **entry}
+
+    failures = compare.judge([labelled(r, {k: r["forms"][form][k] for k in (*BOUNDED, "finite")}) for r in rows],
+                             bounds)
+    failures += [f"{compare.where(labelled(r, {}))}: not finite in fp16" for r in rows
+                 if not r["forms"][form]["fp16"]["finite"]]
+    cut = [labelled(r, r["forms"][form]["control_memory_cut"]) for r in rows if "control_memory_cut" in r["forms"][form]]
+    control = compare.worst(cut, "rel_vs_f64")
+    failures += controls.problems("memory_cut", control, limits["rel_vs_f64"], min_over)
+    unscaled = compare.worst([r["forms"][f] for r in rows for f in forms], "control_unscaled_state_rel_vs_f64")
     return {
         "form": form,
-        "threshold_rel_vs_f64": threshold,
+        "thresholds": bounds,
         "passed": not failures,
         "failures": failures,
-        "max_rel_vs_f64": {f: {"out": worst("out_rel_vs_f64", f), "state": worst("state_rel_vs_f64", f)} for f in forms},
-        "max_rel_vs_stock": {f: {"out": worst("out_rel_vs_stock", f), "state": worst("state_rel_vs_stock", f)}
+        "max_rel_vs_f64": {f: {"out": worst("rel_vs_f64", f), "out_per_position": worst("rel_per_position_vs_f64", f),
+                               "state": worst("rel_state_vs_f64", f)} for f in forms},
+        "max_rel_vs_stock": {f: {"out": worst("rel_vs_stock", f), "state": worst("rel_state_vs_stock", f)}
                              for f in forms},
-        "stock_max_rel_vs_f64": {"out": max(r["stock"]["out_rel_vs_f64"] for r in rows),
-                                 "state": max(r["stock"]["state_rel_vs_f64"] for r in rows)},
+        "stock_max_rel_vs_f64": {"out": compare.worst([r["stock"] for r in rows], "rel_vs_f64"),
+                                 "out_per_position": compare.worst([r["stock"] for r in rows], "rel_per_position_vs_f64"),
+                                 "state": compare.worst([r["stock"] for r in rows], "rel_state_vs_f64")},
         "all_finite": all(r["stock"]["finite"] for r in rows) and all(r["forms"][f]["finite"] for r in rows for f in forms),
         "head_pairs_identical": all(r["head_pairs_identical"] for r in rows),
         "fp16": {f: {"all_finite": all(r["forms"][f]["fp16"]["finite"] for r in rows),
-                     "max_out_rel_vs_f64": worst("out_rel_vs_f64", f, "fp16"),
-                     "max_state_rel_vs_f64": worst("state_rel_vs_f64", f, "fp16")} for f in forms},
+                     "max_out_rel_vs_f64": worst("rel_vs_f64", f, "fp16"),
+                     "max_out_rel_per_position_vs_f64": worst("rel_per_position_vs_f64", f, "fp16"),
+                     "max_state_rel_vs_f64": worst("rel_state_vs_f64", f, "fp16")} for f in forms},
         "fp16_note": "fp16 runs the kernel's own arithmetic in float16; `loop` is the stock algorithm op for op "
-                     "(transformers' stock function upcasts to float32 inside, so it cannot show fp16)",
-        "vs_control_unscaled_state_min_out_rel_vs_f64": min(controls) if controls else None,
+                     "(transformers' stock function upcasts to float32 inside, so it cannot show fp16). The "
+                     "configured form must be finite in fp16 in every regime.",
+        "control_memory_cut": {"rel_vs_f64": control, "over_threshold": controls.margin(control, limits["rel_vs_f64"]),
+                               "required_over_threshold": min_over,
+                               "what": "the configured form with its state zeroed at every chunk boundary"},
+        "vs_control_unscaled_state_min_out_rel_vs_f64": min(
+            [r["forms"][f]["control_unscaled_state_rel_vs_f64"] for r in rows for f in forms
+             if "control_unscaled_state_rel_vs_f64" in r["forms"][f]], default=None),
     }
 
 

@@ -12,8 +12,13 @@ KEYS = {
     "passed": "every row of the check within its threshold",
     "max_rel": "the check's headline error: max |diff| / max |reference| over its rows",
     "threshold": "the bound max_rel is held to (params.yaml)",
+    "max_rel_per_position": "the worst position's error: max over positions of ||diff|| / ||reference||",
+    "threshold_per_position": "the bound max_rel_per_position is held to (params.yaml)",
+    "control_over_threshold": "the check's figure with its fault injected (scripts/controls.py), in multiples of "
+                              "the bound; the worst (smallest) of the check's controls",
     "max_rel_fp32": "the same comparison against the stock fp32 run (recorded, not bounded)",
     "max_rel_state": "the model state's error (kernel: vs float64; pair: vs transformers' cache)",
+    "fp16_finite": "the configured form finite in fp16 in every regime",
     "fp16_max_rel": "the check's half-precision run vs float64 (kernel: torch float16; gpu: the accelerator's fp16 mode)",
     "fp16_floor": "stock transformers in torch float16 vs float64 on the same records: the half-precision floor",
     "fp16_over_floor": "fp16_max_rel / fp16_floor, worst record (target: params.yaml verify_gpu.fp16_max_over_floor)",

@@ -11,9 +11,12 @@ figure mostly measures the stock kernel's own rounding. The figures show all thr
 
 verify_layers: every GatedDeltaNet, patched and under the form, against the stock class on random
 hidden states with a right pad (real positions). verify_model: the row graph against the stock twin
-for a full, a padded and a 1-token record at each L; and pad invariance: one record with zero pads,
-garbage pads, and no pads (a graph of L = n) gives the same real-position hidden.
-Relative error = max |diff| / max |reference| over the real positions.
+for a full, a padded and a 1-token record at each L; and causality: garbage vs zero after the last
+real token leaves the real positions unchanged (at the same L; across L the float64 form shows the
+pad logic exact). Causality is not the pad guard: real positions never see later pads whatever the
+guard does; verify_pair's chaining with padded prefixes is what sees the guard.
+Both rerun with the memory-cut fault (scripts/controls.py), which must break the bound.
+Errors: scripts/compare.py, global and per position, over the real positions.
 """
 from __future__ import annotations
 
@@ -21,16 +24,12 @@ import copy
 
 import torch
 
-from scripts import clef_kernel
+from scripts import clef_kernel, compare, controls
 from scripts import clef_qwen35_patch as patch_mod
 from scripts.clef_host import Host
 from scripts.row_graph import ClefRowPrefill
 
 EXACT = "loop"  # the stock algorithm; in float64 it is the exact reference
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-300))
 
 
 def in_float64(module: torch.nn.Module) -> torch.nn.Module:
@@ -62,9 +61,13 @@ def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1
                 with patch_mod.count_interleave() as calls:
                     out = m(x, attention_mask=valid)[0, :n_real]
                 stock, exact = refs[(i, seed, scale)]
-                rows.append({"layer": i, "seed": seed, "input_scale": scale, "L": length, "n_real": n_real,
-                             "rel_vs_stock_f64": rel(out, exact), "rel_vs_stock_fp32": rel(out, stock),
-                             "stock_fp32_vs_f64": rel(stock, exact), "finite": bool(torch.isfinite(out).all()),
+                row = {"layer": i, "seed": seed, "input_scale": scale, "L": length, "n_real": n_real}
+                if controls.memory_cut_applies(form, n_real):
+                    with controls.memory_cut(m, form):
+                        row["control_memory_cut_rel_vs_stock_f64"] = compare.rel(m(x, attention_mask=valid)[0, :n_real], exact)
+                rows.append({**row, **compare.figures("vs_stock_f64", out, exact), **compare.figures("vs_stock_fp32", out, stock),
+                             **compare.figures("stock_fp32_vs_f64", stock, exact),
+                             "finite": bool(torch.isfinite(out).all()),
                              "interleave_calls": calls["calls"], "interleave_calls_expected": 2})
     return rows
 
@@ -74,7 +77,8 @@ def random_ids(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[dict]:
-    """Row graph vs the stock twin, and pad invariance, at every L. `model`: patched, form applied."""
+    """Row graph vs the stock twin, and causality, at every L. `model`: patched, form applied."""
+    form = clef_kernel.gated_deltanets(model)[0].chunk_gated_delta_rule.form
     twin = patch_mod.stock_twin(model)
     twin64 = in_float64(twin)
     model64 = copy.deepcopy(model).to(torch.float64)  # the form itself in float64: pad logic, no rounding
@@ -91,20 +95,26 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
             with torch.no_grad():
                 stock = twin(inputs_embeds=real, use_cache=False).last_hidden_state[0]
                 exact = twin64(inputs_embeds=real.double(), use_cache=False).last_hidden_state[0]
+            control = {}
+            if controls.memory_cut_applies(form, n):
+                with torch.no_grad(), controls.memory_cut(model, form):
+                    control["control_memory_cut_rel_vs_stock_f64"] = compare.rel(graph(**inputs)["hidden"][0, :n], exact)
             rows.append({"check": "vs_stock", "L": length, "record": kind, "n_real": n,
-                         "rel_vs_stock_f64": rel(hidden, exact), "rel_vs_stock_fp32": rel(hidden, stock),
-                         "stock_fp32_vs_f64": rel(stock, exact), "finite": bool(torch.isfinite(hidden).all()),
+                         **compare.figures("vs_stock_f64", hidden, exact), **compare.figures("vs_stock_fp32", hidden, stock),
+                         **compare.figures("stock_fp32_vs_f64", stock, exact),
+                         **control, "finite": bool(torch.isfinite(hidden).all()),
                          "interleave_calls": calls["calls"], "interleave_calls_expected": 2 * gdn_layers})
-        rows.append(pad_invariance(model, model64, host, length, vocab, seed))
+        rows.append(causality(model, model64, host, length, vocab, seed))
     return rows
 
 
-def pad_invariance(model, model64, host: Host, length: int, vocab: int, seed: int) -> dict:
+def causality(model, model64, host: Host, length: int, vocab: int, seed: int) -> dict:
     """One record of n tokens: zero pads to L, garbage pads to L, and no pads (a graph of L = n).
 
     Garbage vs zero pads at the same L must agree exactly (same shapes, same arithmetic). Across pad
     amounts the fp32 shapes differ, so rounding differs (recorded); the float64 run of the same form
-    shows the pad logic itself is exact."""
+    shows the arithmetic after the last token changes nothing before it. In a causal model this holds
+    with or without the pad guard: it shows causality, and cannot see the guard."""
     n = length // 2 + 3  # not a multiple of any chunk
     ids = random_ids(n, vocab, seed + 7 * length)
     zero = host.record(ids, length)
@@ -122,24 +132,21 @@ def pad_invariance(model, model64, host: Host, length: int, vocab: int, seed: in
                                  run(model, bare, n, torch.float32))
     e_zero, e_garbage, e_bare = (run(model64, zero, length, torch.float64), run(model64, garbage, length, torch.float64),
                                  run(model64, bare, n, torch.float64))
-    return {"check": "pad_invariance", "L": length, "n_real": n,
-            "rel_garbage_vs_zero_pads": rel(h_garbage, h_zero),
-            "rel_f64_garbage_vs_zero_pads": rel(e_garbage, e_zero),
-            "rel_f64_no_pads_vs_zero_pads": rel(e_bare, e_zero),
-            "fp32_rel_no_pads_vs_zero_pads": rel(h_bare, h_zero),
+    return {"check": "causality", "L": length, "n_real": n,
+            "rel_causality": compare.largest([compare.rel(h_garbage, h_zero), compare.rel(e_garbage, e_zero),
+                                              compare.rel(e_bare, e_zero)]),
+            "rel_garbage_vs_zero_pads": compare.rel(h_garbage, h_zero),
+            "rel_f64_garbage_vs_zero_pads": compare.rel(e_garbage, e_zero),
+            "rel_f64_no_pads_vs_zero_pads": compare.rel(e_bare, e_zero),
+            "fp32_rel_no_pads_vs_zero_pads": compare.rel(h_bare, h_zero),
             "finite": bool(torch.isfinite(h_garbage).all())}
 
 
-def failures(rows: list[dict], checks: dict) -> list[str]:
-    """checks: {row key: threshold}. -> one line per row over a threshold, not finite, or miscounted."""
-    out = []
+def failures(rows: list[dict], limits: dict) -> list[str]:
+    """limits: {row key: bound} (scripts/compare.py judges them, NaN failing). -> one line per row over
+    a bound, not finite, or with a miscounted head interleave."""
+    out = compare.judge(rows, limits)
     for r in rows:
-        where = ", ".join(f"{k}={r[k]}" for k in ("check", "layer", "L", "record", "seed", "input_scale") if k in r)
-        if not r.get("finite", True):
-            out.append(f"{where}: not finite")
-        for key, limit in checks.items():
-            if key in r and r[key] > limit:
-                out.append(f"{where}: {key} {r[key]:.3g} > {limit:g}")
         if "interleave_calls_expected" in r and r["interleave_calls"] != r["interleave_calls_expected"]:
-            out.append(f"{where}: {r['interleave_calls']} interleave calls, expected {r['interleave_calls_expected']}")
+            out.append(f"{compare.where(r)}: {r['interleave_calls']} interleave calls, expected {r['interleave_calls_expected']}")
     return out

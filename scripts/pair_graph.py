@@ -61,6 +61,16 @@ def attention_step(m, hidden, cos, sin, mask, past_k=None, past_v=None):
     return m.o_proj(out), k, v
 
 
+def position_dim(name: str) -> int | None:
+    """The axis of a pair output that runs over positions (tokens, or attention slots), for the
+    per-position error; None for one without (a recurrent state, the slot flags)."""
+    if name == "hidden" or name.endswith("_k") or name.endswith("_v"):
+        return -2
+    if name.endswith("_conv"):
+        return -1
+    return None
+
+
 def state_names(model) -> list[str]:
     names = []
     for i, layer in enumerate(model.layers):

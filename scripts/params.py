@@ -68,6 +68,22 @@ def check_pairs(pairs) -> list[dict]:
     return pairs
 
 
+def bounds(params: dict, section: str, keys: tuple[str, ...]) -> dict[str, float]:
+    """The bounds `max_<key>` of a verify section -> {key: bound}: each names the row figure it bounds
+    (scripts/compare.py), and each must be a positive number."""
+    from scripts import compare
+
+    found = compare.limits(params.get(section), tuple(f"max_{k}" for k in keys), section)
+    return {k[4:]: v for k, v in found.items()}
+
+
+def min_over_threshold(params: dict) -> float:
+    """controls.min_over_threshold: how far past its bound a check's fault must take its figure."""
+    from scripts import compare
+
+    return compare.limits(params.get("controls"), ("min_over_threshold",), "controls")["min_over_threshold"]
+
+
 # Sections with a check here; others (the form, thresholds) are checked by the module that owns them.
 CHECKS = {"model": check_model, "lengths": check_lengths, "pairs": check_pairs}
 

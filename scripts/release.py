@@ -120,12 +120,13 @@ def pair_reference(row, prefix_record: dict, suffix_record: dict, full_record: d
             **{f"suffix.{k}": v for k, v in suffix_record.items()}, "expected": expected.contiguous()}
 
 
-def reference_error(signature, kind: str, record: dict) -> float:
-    """Run a reference record through a graph's signatures; -> max rel error against the stored
-    expectation (max |diff| / max |expected|, inf if an output is not finite). `signature(name)` gives
-    a signature (None: the only one) as a callable on named torch tensors returning a dict of them:
-    the interpreter's (run_reference) or the GPU accelerator's (scripts/gpu_accelerator.py)."""
-    from scripts.gpu_accelerator import rel
+def reference_error(signature, kind: str, record: dict) -> dict:
+    """Run a reference record through a graph's signatures; -> its error against the stored
+    expectation, global and per position (scripts/compare.py: rel_vs_expected,
+    rel_per_position_vs_expected, inf if an output is not finite). `signature(name)` gives a signature
+    (None: the only one) as a callable on named torch tensors returning a dict of them: the
+    interpreter's (run_reference) or the GPU accelerator's (scripts/gpu_accelerator.py)."""
+    from scripts import compare
 
     feed = {k: v.to(torch.float32) for k, v in record.items() if k != "expected"}
     expected = record["expected"]
@@ -138,10 +139,21 @@ def reference_error(signature, kind: str, record: dict) -> float:
         out = signature("suffix")(**tokens, **state)["hidden"]
     else:
         raise ClefError(f"unknown artifact kind {kind!r}")
-    return rel(out[:, :expected.shape[1]], expected)
+    return compare.figures("vs_expected", out[:, :expected.shape[1]], expected)
 
 
-def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> float:
+def reference_problems(figures: dict, reference: dict) -> list[str]:
+    """A reference record's figures against the bounds the manifest's `reference` entry states (a
+    release made before per-position bounds states the global one only)."""
+    from scripts import compare
+
+    bounds = {"rel_vs_expected": reference["threshold"]}
+    if "threshold_per_position" in reference:
+        bounds["rel_per_position_vs_expected"] = reference["threshold_per_position"]
+    return compare.judge([figures], bounds)
+
+
+def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
     """reference_error in the LiteRT interpreter."""
     from scripts.clef_host import litert_signature
     from scripts.tflite_check import interpreter

@@ -29,13 +29,25 @@ def row_records(host, length: int, vocab: int) -> dict:
     return out
 
 
+def record_row(kind: str, n: int, lite: torch.Tensor, graph, inputs: dict, form) -> dict:
+    """One record's row: the interpreter's hidden [1, L, H] vs the torch row graph's at the n real
+    positions (scripts/compare.py), and where a record spans two chunks the memory-cut control: the
+    same file against the torch graph with the fault (scripts/controls.py)."""
+    from scripts import compare, controls
+
+    lite = lite[0, :n]
+    with torch.no_grad():
+        ref = graph(**inputs)["hidden"][0, :n]
+    row = {"record": kind, "n_real": n, **compare.figures("vs_torch", lite, ref), "finite": bool(torch.isfinite(lite).all())}
+    if controls.memory_cut_applies(form, n):
+        with torch.no_grad(), controls.memory_cut(graph.text_model, form):
+            row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, graph(**inputs)["hidden"][0, :n])
+    return row
+
+
 def run(runner, inputs: dict) -> torch.Tensor:
     out = runner(**{k: v.numpy().astype(np.float32) for k, v in inputs.items()})
     return torch.from_numpy(out["hidden"].copy())
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
 def latency(runner, graph, inputs: dict, repeats: int) -> dict:

@@ -21,13 +21,14 @@ def planned(p: dict) -> list[dict]:
     """The artifacts params.yaml asks for, each with the checks that vouch for it."""
     out = [{"kind": "row", "shape": {"L": n}, "path": layout.row_path(n), "gpu": layout.gpu_name(n),
             "checks": [f"tflite_L{n}", f"export_L{n}", layout.gpu_name(n)],
-            "threshold": float(p["verify_tflite"]["max_rel_vs_torch"])} for n in params.check_lengths(p["lengths"])]
+            "bounds": params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))}
+           for n in params.check_lengths(p["lengths"])]
     for q in params.check_pairs(p["pairs"]):
         name = layout.pair_name(q["prefix"], q["suffix"])
         gpu = layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"])
         out.append({"kind": "pair", "shape": {"P": q["prefix"], "S": q["suffix"]}, "gpu": gpu,
                     "path": layout.pair_path(q["prefix"], q["suffix"]), "checks": [name, f"export_{name}", gpu],
-                    "threshold": float(p["verify_pair"]["max_rel_vs_row"])})
+                    "bounds": params.bounds(p, "verify_pair", ("rel_vs_row", "rel_per_position_vs_row"))})
     return out
 
 
@@ -117,8 +118,13 @@ def main() -> None:
         (build / "checks").mkdir(exist_ok=True)
         save_file(record, str(build / check_file))
         measured = release.run_reference(build / rel_path, it["kind"], record)
-        if not measured <= it["threshold"]:
-            raise ClefError(f"{rel_path}: reference record error {measured:.3g} > {it['threshold']:g}")
+        global_bound, position_bound = it["bounds"].values()
+        reference = {"file": check_file, "max_rel": measured["rel_vs_expected"], "threshold": global_bound,
+                     "max_rel_per_position": measured["rel_per_position_vs_expected"],
+                     "threshold_per_position": position_bound}
+        found = release.reference_problems(measured, reference)
+        if found:
+            raise ClefError(f"{rel_path}: reference record: {found[0]}")
         contract = it["metadata"]["contract"]
         export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
         artifacts[rel_path] = {
@@ -130,7 +136,7 @@ def main() -> None:
             "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
             "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
             "verification": {c: read_metrics(c) for c in it["checks"]}, "gpu": gpu_section(it["gpu"]),
-            "reference": {"file": check_file, "max_rel": measured, "threshold": it["threshold"]}}
+            "reference": reference}
 
     name = release.release_name(rec, form)
     card = release_card.render(name, rec, form, host_section, artifacts, overall)

@@ -21,7 +21,8 @@ def main() -> None:
         raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
     p = params.load(["form", "verify_gpu"])
     form = str(clef_kernel.parse(p["form"]))
-    limit, over_floor = gpu_check.limits(p["verify_gpu"])
+    bounds = gpu_check.limits(p["verify_gpu"])
+    limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
     is_row = a.length is not None
     name = layout.gpu_name(a.length) if is_row else layout.gpu_name(prefix=a.prefix, suffix=a.suffix)
     path = tflite_file.require(layout.row_path(a.length) if is_row else layout.pair_path(a.prefix, a.suffix),
@@ -48,7 +49,7 @@ def main() -> None:
         rows = gpu_check.signature_rows(compiled, prefix, suffix, host, P, S, model_check.random_ids(P + S, vocab, P + S))
         rows += gpu_check.chaining_rows(compiled, model, host, refs, P, S, form, pair_graph.state_shapes(model, P),
                                         lambda n: model_check.random_ids(n, vocab, 1000 * P + S + n))
-    figures, problems = gpu_check.summary(rows, limit, over_floor)
+    figures, problems = gpu_check.summary(rows, bounds)
     device = gpu_accelerator.device(compiled["fp32"])
     accelerated = all(c.fully_accelerated for c in compiled.values())
     if not accelerated:
@@ -56,14 +57,18 @@ def main() -> None:
     doc = {"graph": str(path), "form": form, "kind": "row" if is_row else "pair",
            **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
            "passed": not problems, "problems": problems, "device": device, "fully_accelerated": accelerated,
-           "signatures": sorted(census["signatures"]), "threshold_fp32": limit, **figures, "rows": rows}
+           "signatures": sorted(census["signatures"]), "threshold_fp32": limit,
+           "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"], **figures, "rows": rows}
     atomic.write_json(layout.gpu_result_path(name), doc)
     metrics.write(name, passed=doc["passed"], max_rel=figures["fp32_max_rel_vs_torch"], threshold=limit,
+                  max_rel_per_position=figures["fp32_max_rel_per_position_vs_torch"],
+                  threshold_per_position=bounds["max_rel_per_position_fp32"],
                   fp16_max_rel=figures["fp16_max_rel_vs_f64"], fp16_floor=figures["floor_max_rel_vs_f64"],
                   fp16_over_floor=figures["fp16_over_floor"], fully_accelerated=accelerated,
                   **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}))
     print(f"verify_gpu {path.name} on {device['adapter']}: fully accelerated {accelerated}; fp32 max rel vs torch "
-          f"{figures['fp32_max_rel_vs_torch']:.2e} (bound {limit:g}); fp16 vs float64 {figures['fp16_max_rel_vs_f64']:.3g}, "
+          f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
+          f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); fp16 vs float64 {figures['fp16_max_rel_vs_f64']:.3g}, "
           f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}, {figures['fp16_over_floor']:.2f}x the floor "
           f"(target {over_floor:g}x)")
     if problems:

@@ -1,17 +1,19 @@
 """DVC stage `verify_kernel`: every form's chunk kernel vs float64 truth and the stock kernel, at the
 checkpoint's GatedDeltaNet head counts -> results/kernel.json. Fails, naming the row, when the
-configured form's fp32 error crosses params.yaml's threshold."""
+configured form's fp32 error crosses a bound (global or per position), when it is not finite in fp16
+in some regime, or when its memory-cut control does not break the bound by controls.min_over_threshold."""
 import json
 
-from scripts import atomic, layout, metrics, clef_kernel, kernel_check, params, snapshot
+from scripts import atomic, clef_kernel, compare, kernel_check, layout, metrics, params, snapshot
 from scripts.errors import ClefError, run_stage
 
 
 def main() -> None:
-    p = params.load(["form", "verify_kernel"])
+    p = params.load(["form", "verify_kernel", "controls"])
     form = str(clef_kernel.parse(p["form"]))
     forms = [str(clef_kernel.parse(f)) for f in p["verify_kernel"]["forms"]]
-    threshold = float(p["verify_kernel"]["max_rel_vs_f64"])
+    limits = params.bounds(p, "verify_kernel", ("rel_vs_f64", "rel_per_position_vs_f64"))
+    min_over = params.min_over_threshold(p)
     if form not in forms:
         forms.append(form)
     rec = snapshot.load_record()
@@ -19,15 +21,20 @@ def main() -> None:
     text = json.loads(config.read_text())["text_config"]
     heads = {"k": text["linear_num_key_heads"], "v": text["linear_num_value_heads"],
              "k_dim": text["linear_key_head_dim"], "v_dim": text["linear_value_head_dim"]}
-    rows = kernel_check.check(heads, forms)
-    summary = kernel_check.summarize(rows, form, threshold)
+    rows = kernel_check.check(heads, forms, control_form=form)
+    summary = kernel_check.summarize(rows, form, limits, min_over)
     atomic.write_json(layout.result_path("kernel"), {"heads": heads, "revision": rec["revision"], "summary": summary,
                                               "rows": rows})
     worst = summary["max_rel_vs_f64"][form]
-    metrics.write("kernel", passed=summary["passed"], max_rel=worst["out"], max_rel_state=worst["state"],
-                  threshold=threshold, fp16_max_rel=summary["fp16"][form]["max_out_rel_vs_f64"])
-    print(f"verify_kernel: {form} max rel vs float64 out {worst['out']:.2e} state {worst['state']:.2e} "
-          f"(threshold {threshold:g}); fp16 finite: {summary['fp16'][form]['all_finite']}")
+    control = summary["control_memory_cut"]
+    metrics.write("kernel", passed=summary["passed"], max_rel=worst["out"], max_rel_per_position=worst["out_per_position"],
+                  max_rel_state=worst["state"], threshold=limits["rel_vs_f64"],
+                  threshold_per_position=limits["rel_per_position_vs_f64"], control_over_threshold=control["over_threshold"],
+                  fp16_max_rel=summary["fp16"][form]["max_out_rel_vs_f64"], fp16_finite=summary["fp16"][form]["all_finite"])
+    print(f"verify_kernel: {form} max rel vs float64 out {worst['out']:.2e} (per position {worst['out_per_position']:.2e}) "
+          f"state {worst['state']:.2e} (bounds {limits['rel_vs_f64']:g}, {limits['rel_per_position_vs_f64']:g}); fp16 "
+          f"finite: {summary['fp16'][form]['all_finite']}; memory-cut control {compare.shown(control['rel_vs_f64'])} "
+          f"({compare.shown(control['over_threshold'])}x the bound)")
     if not summary["passed"]:
         raise ClefError(f"verify_kernel failed: {summary['failures'][0]} ({len(summary['failures'])} rows over)")
 

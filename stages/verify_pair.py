@@ -1,14 +1,20 @@
 """DVC stage `verify_pair` (one per pair): the pair in torch and in the LiteRT interpreter, checked by
-chaining against the row graph, its state against transformers' cache, state reuse, and the op census
--> results/pair_P{P}_S{S}.json. Fails, naming the row, past a threshold or on a census violation."""
+chaining against the row graph (the prefix's hidden too), its state against transformers' cache in
+float64, state reuse, and the op census -> results/pair_P{P}_S{S}.json. Fails, naming the row, past a
+bound (global or per position), on a census violation, or when a control (the recurrent state zeroed,
+the pad guard removed: scripts/controls.py) does not break the bound by controls.min_over_threshold."""
 import argparse
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, metrics, pair_check, pair_graph, params, snapshot
+from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, controls, layout, metrics, pair_check, pair_graph
+from scripts import params, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host, PairRunner, litert_signature
 from scripts.errors import ClefError, run_stage
+
+
+CONTROLS = {"zero_state": "control_zero_state_rel_vs_row", "no_pad_guard": "control_no_pad_guard_rel_vs_row"}
 
 
 def torch_fn(module):
@@ -24,10 +30,12 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, required=True)
     ap.add_argument("--suffix", type=int, required=True)
     a = ap.parse_args()
-    p = params.load(["form", "verify_pair"])
+    p = params.load(["form", "verify_pair", "controls"])
     form = str(clef_kernel.parse(p["form"]))
-    limit = float(p["verify_pair"]["max_rel_vs_row"])
-    state_limit = float(p["verify_pair"]["max_rel_state_vs_transformers"])
+    limits = params.bounds(p, "verify_pair", ("rel_vs_row", "rel_per_position_vs_row", "rel_state_vs_stock_f64",
+                                              "rel_per_position_state_vs_stock_f64"))
+    limit = limits["rel_vs_row"]
+    min_over = params.min_over_threshold(p)
     path = layout.pair_path(a.prefix, a.suffix)
     tflite_file.require(path, "export_pair")
     rec = snapshot.load_record()
@@ -50,27 +58,49 @@ def main() -> None:
     runners["litert"] = PairRunner(host, litert_signature(interp.get_signature_runner("prefix")),
                                    litert_signature(interp.get_signature_runner("suffix")), a.prefix, a.suffix, form, shapes)
     rows = []
+    stock = pair_check.StockCaches(model)
     for backend, runner in runners.items():
-        for r in pair_check.check(runner, model, model.config.vocab_size):
-            r["backend"] = backend
-            rows.append(r)
-            key, lim = ("max_rel", state_limit) if r["check"] == "state_vs_transformers" else ("rel_vs_row", limit)
-            if r[key] > lim or not r.get("finite", True):
-                problems.append(f"{backend} {r['check']} p={r['p']} s={r.get('s')}: {key} {r[key]:.3g} > {lim:g}")
-    summary = {"P": a.prefix, "S": a.suffix, "form": form, "passed": not problems, "problems": problems,
-               "bytes": path.stat().st_size,
-               "max_rel_vs_row": {b: max(r["rel_vs_row"] for r in rows if r["backend"] == b and "rel_vs_row" in r)
-                                  for b in runners},
-               "max_rel_state_vs_transformers": {b: next(r["max_rel"] for r in rows if r["backend"] == b and
-                                                         r["check"] == "state_vs_transformers") for b in runners}}
+        for r in pair_check.check(runner, model, model.config.vocab_size, pad_guard_control=backend == "torch",
+                                  stock=stock):
+            rows.append({"backend": backend, **r})
+    problems += compare.judge(rows, limits)
+    found = {}
+    for control, key in CONTROLS.items():
+        for b in runners:
+            value = compare.worst([r for r in rows if r["backend"] == b], key)
+            if value is not None:  # the pad guard control runs in torch only
+                found[f"{b} {control}"] = value
+                problems += controls.problems(f"{control} ({b})", value, limit, min_over)
+
+    def per_backend(key, check=None):
+        return {b: compare.worst([r for r in rows if r["backend"] == b and check in (None, r["check"])], key)
+                for b in runners}
+
+    summary = {"P": a.prefix, "S": a.suffix, "form": form, "thresholds": limits, "passed": not problems,
+               "problems": problems, "bytes": path.stat().st_size,
+               "max_rel_vs_row": per_backend("rel_vs_row"),
+               "max_rel_per_position_vs_row": per_backend("rel_per_position_vs_row"),
+               "max_rel_prefix_hidden_vs_row": per_backend("rel_vs_row", "prefix_hidden"),
+               "max_rel_state_vs_stock_f64": per_backend("rel_state_vs_stock_f64"),
+               "max_rel_per_position_state_vs_stock_f64": per_backend("rel_per_position_state_vs_stock_f64"),
+               "max_rel_state_vs_stock_fp32": per_backend("rel_state_vs_stock_fp32"),
+               "controls": {name: {"rel_vs_row": v, "over_threshold": controls.margin(v, limit)} for name, v in found.items()},
+               "controls_required_over_threshold": min_over}
     name = layout.pair_name(a.prefix, a.suffix)
     atomic.write_json(layout.result_path(name), {"summary": summary, "census": census, "metadata": meta, "rows": rows})
-    metrics.write(name, passed=summary["passed"], max_rel=max(summary["max_rel_vs_row"].values()), threshold=limit,
-                  max_rel_state=max(summary["max_rel_state_vs_transformers"].values()), P=a.prefix, S=a.suffix,
+    metrics.write(name, passed=summary["passed"], max_rel=compare.largest(summary["max_rel_vs_row"].values()),
+                  threshold=limit, max_rel_per_position=compare.largest(summary["max_rel_per_position_vs_row"].values()),
+                  threshold_per_position=limits["rel_per_position_vs_row"],
+                  control_over_threshold=min(c["over_threshold"] for c in summary["controls"].values()),
+                  max_rel_state=compare.largest(summary["max_rel_state_vs_stock_f64"].values()), P=a.prefix, S=a.suffix,
                   bytes=path.stat().st_size, op_total=census["op_total"], max_rank=census["max_rank"],
                   ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None))
-    print(f"verify_pair P={a.prefix} S={a.suffix}: chaining max rel {summary['max_rel_vs_row']}, state vs "
-          f"transformers {summary['max_rel_state_vs_transformers']}, {census['op_total']} ops, max rank {census['max_rank']}")
+    shown = {k: {b: f"{v:.2e}" for b, v in summary[k].items()} for k in ("max_rel_vs_row", "max_rel_per_position_vs_row",
+                                                                         "max_rel_state_vs_stock_f64")}
+    print(f"verify_pair P={a.prefix} S={a.suffix}: chaining max rel {shown['max_rel_vs_row']}, per position "
+          f"{shown['max_rel_per_position_vs_row']}, state vs transformers float64 {shown['max_rel_state_vs_stock_f64']}; "
+          f"controls {', '.join(f'{k} {v:.3g}' for k, v in found.items())}; {census['op_total']} ops, "
+          f"max rank {census['max_rank']}")
     if problems:
         raise ClefError(f"verify_pair P={a.prefix} S={a.suffix} failed: {problems[0]} ({len(problems)} problems)")
 

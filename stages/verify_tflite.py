@@ -1,12 +1,15 @@
 """DVC stage `verify_tflite` (one per L): artifacts/rows/row_L{L}.tflite in the LiteRT interpreter vs the
 torch row graph, its op census read from the file, its metadata, and latency ->
-results/tflite_L{L}.json. Fails, naming the problem, on an error over the threshold or a census
-violation (rank > 4, custom / STABLEHLO / WHILE / CUMSUM / GATHER_ND ops, int64 tensors)."""
+results/tflite_L{L}.json. Fails, naming the problem, on an error over a bound (global or per position),
+a census violation (rank > 4, custom / STABLEHLO / WHILE / CUMSUM / GATHER_ND ops, int64 tensors), or
+when the memory-cut control (the torch graph with the fault, against the file) does not break the
+global bound by controls.min_over_threshold."""
 import argparse
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, metrics, model_check, params, row_graph, snapshot
+from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, controls, layout, metrics, model_check, params
+from scripts import row_graph, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
@@ -16,9 +19,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, required=True)
     length = ap.parse_args().length
-    p = params.load(["form", "verify_tflite"])
+    p = params.load(["form", "verify_tflite", "controls"])
     form = str(clef_kernel.parse(p["form"]))
-    limit = float(p["verify_tflite"]["max_rel_vs_torch"])
+    limits = params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
+    limit = limits["rel_vs_torch"]
+    min_over = params.min_over_threshold(p)
     path = layout.row_path(length)
     tflite_file.require(path, "export")
     rec = snapshot.load_record()
@@ -40,26 +45,33 @@ def main() -> None:
     vocab = model.config.vocab_size
     rows = []
     for kind, (n, inputs) in tflite_check.row_records(host, length, vocab).items():
-        lite = tflite_check.run(runner, inputs)[0, :n]
-        with torch.no_grad():
-            ref = graph(**inputs)["hidden"][0, :n]
-        err = tflite_check.rel(lite, ref)
-        rows.append({"record": kind, "n_real": n, "rel_vs_torch": err, "finite": bool(torch.isfinite(lite).all())})
-        if err > limit or not rows[-1]["finite"]:
-            problems.append(f"accuracy: record {kind} (n={n}) rel_vs_torch {err:.3g} > {limit:g}")
+        rows.append(tflite_check.record_row(kind, n, tflite_check.run(runner, inputs), graph, inputs, form))
+    problems += [f"accuracy: {line}" for line in compare.judge(rows, limits)]
+    control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
+    problems += controls.problems("memory_cut", control, limit, min_over)
     timing = tflite_check.latency(runner, graph, host.record(model_check.random_ids(length, vocab, length), length),
                                   int(p["verify_tflite"]["latency_repeats"]))
-    doc = {"L": length, "form": form, "file": str(path), "bytes": path.stat().st_size, "threshold_rel_vs_torch": limit,
+    doc = {"L": length, "form": form, "file": str(path), "bytes": path.stat().st_size, "thresholds": limits,
            "passed": not problems, "problems": problems, "rows": rows,
-           "max_rel_vs_torch": max(r["rel_vs_torch"] for r in rows), "census": census, "metadata": meta,
-           "latency": timing}
+           "max_rel_vs_torch": compare.worst(rows, "rel_vs_torch"),
+           "max_rel_per_position_vs_torch": compare.worst(rows, "rel_per_position_vs_torch"),
+           "control_memory_cut": {"rel_vs_torch": control, "over_threshold": controls.margin(control, limit),
+                                  "required_over_threshold": min_over, "applies": control is not None,
+                                  "what": "the torch graph with the state zeroed at each chunk boundary, against the "
+                                          "file (none where no record spans two chunks)"},
+           "census": census, "metadata": meta, "latency": timing}
     atomic.write_json(layout.result_path(f"tflite_L{length}"), doc)
     gdn_ops = sorted(set(census["ops_per_gdn_layer"].values()))
-    metrics.write(f"tflite_L{length}", passed=doc["passed"], max_rel=doc["max_rel_vs_torch"], threshold=limit, L=length,
+    metrics.write(f"tflite_L{length}", passed=doc["passed"], max_rel=doc["max_rel_vs_torch"], threshold=limit,
+                  max_rel_per_position=doc["max_rel_per_position_vs_torch"],
+                  threshold_per_position=limits["rel_per_position_vs_torch"],
+                  control_over_threshold=doc["control_memory_cut"]["over_threshold"], L=length,
                   bytes=path.stat().st_size, op_total=census["op_total"], max_rank=census["max_rank"],
                   ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None, torch_over_litert=timing["torch_over_litert"],
                   litert_ms=1e3 * timing["litert_median_s"])
-    print(f"verify_tflite L={length}: max rel vs torch {doc['max_rel_vs_torch']:.2e} (threshold {limit:g}); "
+    print(f"verify_tflite L={length}: max rel vs torch {doc['max_rel_vs_torch']:.2e}, per position "
+          f"{doc['max_rel_per_position_vs_torch']:.2e} (bounds {limit:g}, {limits['rel_per_position_vs_torch']:g}); "
+          f"memory-cut control {compare.shown(control)}; "
           f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
           f"torch/litert time {timing['torch_over_litert']:.2f}x")
     if problems:

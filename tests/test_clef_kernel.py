@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scripts import clef_kernel as K
-from scripts import kernel_check
+from scripts import compare, kernel_check
 from scripts.errors import ClefError
 
 HEADS = {"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}
@@ -114,7 +114,7 @@ def test_release_form_matches_float64(regime):
     q, k, v, g, beta, s0 = inputs(regime, 200)
     out_t, state_t = kernel_check.recurrence_f64(q, k, v, g, beta, s0)
     out, state = kernel_check.run_form(K.parse("R64+sp+ec+dd+vs6"), (q, k, v, g, beta, s0))
-    assert kernel_check.rel(out, out_t) < 1e-5 and kernel_check.rel(state, state_t) < 1e-5
+    assert compare.rel(out, out_t) < 1e-5 and compare.rel(state, state_t) < 1e-5
 
 
 def test_tail_that_is_not_a_chunk_multiple():
@@ -124,7 +124,7 @@ def test_tail_that_is_not_a_chunk_multiple():
     cut, state = call("R64+ec+dd", *(x[:, :130] for x in (q, k, v, g, beta)), s0)
     assert cut.shape[1] == 130 and torch.allclose(cut, full[:, :130], atol=1e-6)
     out_t, state_t = kernel_check.recurrence_f64(*(x[:, :130] for x in (q, k, v, g, beta)), s0)
-    assert kernel_check.rel(state, state_t) < 1e-5
+    assert compare.rel(state, state_t) < 1e-5
 
 
 def test_wrong_initial_state_shape_refused():
@@ -180,7 +180,7 @@ def test_ec_keeps_every_intermediate_finite_and_every_exp_argument_nonpositive()
         out, state = call("R64+ec+dd", *data)
     assert seen.nonfinite == [] and seen.exp_max <= 0.0
     out_t, state_t = kernel_check.recurrence_f64(*data)
-    assert kernel_check.rel(out, out_t) < 1e-5
+    assert compare.rel(out, out_t) < 1e-5
 
 
 @pytest.mark.parametrize("form", ["R64+dd", "R64+ec"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scripts import clef_qwen35_patch as P
-from scripts import pair_check, pair_graph
+from scripts import compare, pair_check, pair_graph
 from scripts.clef_host import Host, PairRunner, PairState
 from scripts.errors import ClefError
 from scripts.row_graph import ClefRowPrefill
@@ -37,11 +37,18 @@ def make_runner(model, host, form):
 
 
 def test_chaining_matches_the_row_including_padded_prefixes(setup):
+    """Suffix and prefix hidden against the row, global and per position; the controls break the bound."""
     model, _, runner = setup
-    rows = pair_check.chaining(runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3)
-    assert {(r["p"], r["s"]) for r in rows} == {(1, 1), (1, SUF), (32, 1), (32, SUF), (64, 1), (64, SUF)}
-    assert any(r["prefix_padded"] for r in rows)
-    assert max(r["rel_vs_row"] for r in rows) < 1e-5, rows
+    rows = pair_check.chaining(runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3,
+                               pad_guard_control=True)
+    chained = [r for r in rows if r["check"] == "chaining"]
+    assert {(r["p"], r["s"]) for r in chained} == {(1, 1), (1, SUF), (32, 1), (32, SUF), (64, 1), (64, SUF)}
+    assert {r["p"] for r in rows if r["check"] == "prefix_hidden"} == {1, 32, 64}
+    assert any(r["prefix_padded"] for r in chained)
+    assert max(max(r["rel_vs_row"], r["rel_per_position_vs_row"]) for r in rows) < 1e-5, rows
+    # the controls: the recurrent state zeroed, the pad guard removed (padded prefixes only)
+    assert min(r["control_zero_state_rel_vs_row"] for r in chained if r["p"] == PRE) > 100 * 1e-4
+    assert max(r["control_no_pad_guard_rel_vs_row"] for r in chained if r["prefix_padded"]) > 100 * 1e-4
 
 
 def test_padded_prefix_conv_state_comes_from_the_last_real_tokens(setup):
@@ -54,7 +61,7 @@ def test_padded_prefix_conv_state_comes_from_the_last_real_tokens(setup):
         bare = exact(**host.record(ids, len(ids)))
     for name, t in padded.tensors.items():
         if name.endswith("_conv") or name.endswith("_recurrent"):
-            assert torch.allclose(t, bare[name], rtol=1e-5, atol=1e-6), name
+            assert compare.rel(t, bare[name]) < 1e-5, name
 
 
 def test_one_state_many_suffixes(setup):
@@ -63,11 +70,13 @@ def test_one_state_many_suffixes(setup):
     assert len(rows) == 3 and max(r["rel_vs_row"] for r in rows) < 1e-5
 
 
-def test_state_matches_transformers_cache(setup):
+def test_state_matches_transformers_cache_in_float64(setup):
     model, _, runner = setup
-    out = pair_check.state_vs_transformers(runner, model, model.config.vocab_size, seed=1)
-    assert out["max_rel"] < 1e-4, out["rel"]
-    assert any(k.endswith("_recurrent") for k in out["rel"]) and any(k.endswith("_k") for k in out["rel"])
+    rows = pair_check.state_vs_transformers(runner, model, model.config.vocab_size, seed=1)
+    assert {r["entry"] for r in rows} == set(pair_graph.state_names(model))
+    assert max(r["rel_state_vs_stock_f64"] for r in rows) < 1e-4, rows  # verify_pair's bound
+    assert all("rel_per_position_state_vs_stock_f64" in r for r in rows if r["entry"].endswith(("_k", "_v", "_conv")))
+    assert all("rel_state_vs_stock_fp32" in r for r in rows if r["entry"] != pair_graph.SLOTS)
 
 
 def test_wrong_scale_state_refused(setup):

@@ -79,15 +79,14 @@ def test_export_graph_is_rank4_without_int_arithmetic_or_runtime_ranges(patched,
     assert bad_rank == [] and int_ops == [] and banned == [], (bad_rank[:5], int_ops[:5], banned[:5])
 
 
-def test_row_graph_matches_the_stock_twin_and_is_pad_invariant(patched, tiny_snapshot):
-    """verify_model's checks at L = 64, against params.yaml's thresholds."""
+def test_row_graph_matches_the_stock_twin_and_is_causal(patched, tiny_snapshot):
+    """verify_model's checks at L = 64, against params.yaml's bounds, global and per position."""
     model, _ = patched
-    p = params.load(["verify_model"], ROOT / "params.yaml")["verify_model"]
+    p = params.load(["verify_model"], ROOT / "params.yaml")
     rows = model_check.model_rows(model, Host(tiny_snapshot), [64], vocab=model.config.vocab_size)
-    limits = {"rel_vs_stock_f64": p["max_rel_vs_stock_f64"], "rel_garbage_vs_zero_pads": p["max_rel_pad_invariance"],
-              "rel_f64_garbage_vs_zero_pads": p["max_rel_pad_invariance"],
-              "rel_f64_no_pads_vs_zero_pads": p["max_rel_pad_invariance"]}
+    limits = params.bounds(p, "verify_model", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_causality"))
     assert model_check.failures(rows, limits) == []
+    assert all("rel_per_position_vs_stock_f64" in r for r in rows if r["check"] == "vs_stock")
     vs = [r for r in rows if r["check"] == "vs_stock"]
     assert {r["record"] for r in vs} == {"full", "padded", "one_token"}
     assert all(r["interleave_calls"] == r["interleave_calls_expected"] > 0 for r in vs)
@@ -127,5 +126,5 @@ def test_failures_name_the_row():
              "interleave_calls": 10, "interleave_calls_expected": 12}]
     out = model_check.failures(rows, {"rel_vs_stock_f64": 1e-4})
     assert out == ["check=vs_stock, L=64, record=padded: rel_vs_stock_f64 0.0002 > 0.0001",
-                   "layer=2, seed=5, input_scale=3.0: not finite",
+                   "layer=2, seed=5, input_scale=3.0: an output is not finite",
                    "check=vs_stock, L=128, record=full: 10 interleave calls, expected 12"]
