@@ -71,7 +71,9 @@ WHERE = ("check", "backend", "mode", "signature", "layer", "L", "record", "p", "
 
 
 def where(row: dict) -> str:
-    return ", ".join(f"{k}={row[k]}" for k in WHERE if k in row)
+    """`check=..., L=...: ` naming a row by its identifying keys ('' for a row without any)."""
+    text = ", ".join(f"{k}={row[k]}" for k in WHERE if k in row)
+    return f"{text}: " if text else ""
 
 
 def judge(rows: list[dict], limits: dict[str, float]) -> list[str]:
@@ -80,10 +82,10 @@ def judge(rows: list[dict], limits: dict[str, float]) -> list[str]:
     out = []
     for r in rows:
         if r.get("finite") is False:
-            out.append(f"{where(r)}: an output is not finite")
+            out.append(f"{where(r)}an output is not finite")
         for key, limit in limits.items():
             if key in r and exceeds(r[key], limit):
-                out.append(f"{where(r)}: {describe(key, r[key], limit)}")
+                out.append(f"{where(r)}{describe(key, r[key], limit)}")
     return out
 
 

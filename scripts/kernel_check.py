@@ -186,7 +186,7 @@ def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dic
 
     failures = compare.judge([labelled(r, {k: r["forms"][form][k] for k in (*BOUNDED, "finite")}) for r in rows],
                              bounds)
-    failures += [f"{compare.where(labelled(r, {}))}: not finite in fp16" for r in rows
+    failures += [f"{compare.where(labelled(r, {}))}not finite in fp16" for r in rows
                  if not r["forms"][form]["fp16"]["finite"]]
     cut = [labelled(r, r["forms"][form]["control_memory_cut"]) for r in rows if "control_memory_cut" in r["forms"][form]]
     control = compare.worst(cut, "rel_vs_f64")

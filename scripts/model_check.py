@@ -148,5 +148,5 @@ def failures(rows: list[dict], limits: dict) -> list[str]:
     out = compare.judge(rows, limits)
     for r in rows:
         if "interleave_calls_expected" in r and r["interleave_calls"] != r["interleave_calls_expected"]:
-            out.append(f"{compare.where(r)}: {r['interleave_calls']} interleave calls, expected {r['interleave_calls_expected']}")
+            out.append(f"{compare.where(r)}{r['interleave_calls']} interleave calls, expected {r['interleave_calls_expected']}")
     return out

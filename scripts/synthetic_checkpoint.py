@@ -6,6 +6,10 @@ heads of 256 with the output gate, the same rope. Two things stay small on purpo
 (model.synthetic_layers; 4 = three GatedDeltaNet layers and one attention layer, clef-flash's 3:1
 pattern) and the vocabulary (the tiny byte-level tokenizer's 320 tokens), so the weights are the text
 stack's and the row graph is what one slice of the real model costs.
+The weights are drawn as the tiny checkpoint's are (tiny._draw), projections rescaled to the fan-in
+(PROJECTION_GAIN): so it keeps the same memory design (even GatedDeltaNet heads decay slowly, odd
+heads fast, in_proj_a at its own 0.3 / sqrt(fan-in)) and massive activations in 3 of the 4096
+channels at every 16th token id.
 Each decoder layer gets its own shard, generated and written one at a time, so making the ~1.7 GB
 of bf16 never holds more than one layer in memory.
 """
@@ -50,7 +54,8 @@ def text_config(layers: int) -> dict:
 
 
 def projection_std(shape: tuple[int, ...]) -> float:
-    """std for a weight of `shape`: gain / sqrt(fan-in) for a Linear, the tiny std otherwise."""
+    """std for a weight of `shape`: gain / sqrt(fan-in) for a Linear, the tiny std otherwise
+    (tiny._draw ignores it where a tensor has its own scale: in_proj_a, norms, A_log, dt_bias)."""
     return PROJECTION_GAIN / math.sqrt(shape[1]) if len(shape) == 2 else tiny.PROJECTION_STD
 
 

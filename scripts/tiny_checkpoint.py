@@ -7,14 +7,25 @@ It has what the real snapshot has, so downstream code cannot tell them apart by 
   with the output gate, partial rotary 0.25 with interleaved M-RoPE, untied lm_head;
 - bf16 safetensors in two shards with an index, `model.visual.*` and `mtp.*` tensors included
   (the text-stack loader must skip them), and a byte-level BPE tokenizer.
-Weights are drawn from a per-tensor seed (the tensor's name), so adding a tensor changes no other.
-The projections get std 0.2, not the 0.02 of initializer_range: at 0.02 the GatedDeltaNet outputs
-are too small to show in whole-model comparisons and the verification would see nothing.
+Weights are random, but shaped so that verification has something to see:
+- projections get std 0.2, not the 0.02 of initializer_range: at 0.02 the GatedDeltaNet outputs are
+  too small to show in whole-model comparisons;
+- memory: in every GatedDeltaNet the even value heads decay slowly (nominal per-token rate
+  A x softplus(dt_bias) in [1e-4, 2e-2], as trained Qwen3.5 heads do) and the odd heads fast
+  ([0.05, 2]), so state survives many 64-token chunks and a kernel that drops the state carried
+  between chunks shows; in_proj_a is small, so the data-dependent gate modulates the decay only;
+- massive activations: in the embed_tokens rows of every 16th token id, 3 fixed hidden channels
+  carry values that stay 50-100x (and more) the rest of the residual stream through every layer,
+  as in trained Qwen models, so per-position errors have positions of very different scale to tell
+  apart. The rest of the stream grows ~30x through the 8 layers, so they start ~1000x above it.
+Each tensor comes from a seed derived from its name (a layer's A_log and dt_bias, drawn as a pair,
+from the layer's name prefix), so adding a tensor changes no other.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import zlib
 
 import torch
@@ -25,6 +36,26 @@ PROJECTION_STD = 0.2
 NORM_STD = 0.1  # Qwen3_5RMSNorm scales by (1 + weight): weights near 0, not 1
 EMBED_STD = 1.0
 VISION_STD = 0.02  # the vision tower is only carried, never run: its values do not matter
+
+# GatedDeltaNet decay. The per-token log-decay is g = -A x softplus(a + dt_bias), a = in_proj_a(x).
+# Per layer, value head h gets a nominal rate r = A x softplus(dt_bias), drawn log-uniform in a range
+# by its parity: even heads remember (exp(-64 r) >= 0.28 of the state survives a 64-token chunk),
+# odd heads forget within one (exp(-64 r) <= 0.04). A is drawn in the stock init range; dt_bias then
+# solves softplus(dt_bias) = r / A.
+MEMORY_RATE = (1e-4, 2e-2)  # even heads: trained Qwen3.5 heads keep memory for hundreds of tokens
+FAST_RATE = (0.05, 2.0)  # odd heads
+A_RANGE = (1.0, 16.0)  # A ~ U(1, 16), transformers' init range (without its near-0 end)
+# in_proj_a std = IN_PROJ_A_GAIN / sqrt(fan_in): on unit-scale (normed) inputs a varies by ~+-0.3, so
+# the data-dependent gate scales the decay by ~exp(+-0.3) without erasing memory; at the projections'
+# std 0.2 (a ~ +-2.3 at fan-in 128) it would swing the rate ~10x either way and wipe the slow heads.
+IN_PROJ_A_GAIN = 0.3
+
+# Massive activations: MASSIVE_CHANNELS hidden channels (a seeded permutation's first ones) of the
+# embed_tokens rows of every token id divisible by MASSIVE_TOKEN_EVERY get random sign and magnitude
+# U(MASSIVE_SCALE) x EMBED_STD; every other value stays as drawn.
+MASSIVE_CHANNELS = 3
+MASSIVE_TOKEN_EVERY = 16
+MASSIVE_SCALE = (1000.0, 2000.0)  # at 50-100 they fall to ~3-9x the rest past the first layer
 
 # clef-flash (Qwen3.5-9B) shape at toy sizes; the comment gives the real value where it differs.
 TEXT_CONFIG = {
@@ -160,23 +191,63 @@ def json_bytes(obj) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 
 
+def _generator(name: str) -> torch.Generator:
+    """A generator seeded from `name` alone (a tensor's key, or a layer's prefix)."""
+    return torch.Generator().manual_seed(SEED * 2**32 + zlib.crc32(name.encode()))
+
+
+def decay_parameters(prefix: str, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A_log, dt_bias) [heads] float32 of the GatedDeltaNet `prefix` (e.g.
+    "model.language_model.layers.0.linear_attn"): one generator for both, so they pair up.
+    Even heads get a memory rate, odd heads a fast one (see MEMORY_RATE)."""
+    gen = _generator(prefix)
+    a = A_RANGE[0] + (A_RANGE[1] - A_RANGE[0]) * torch.rand(heads, generator=gen, dtype=torch.float64)
+    u = torch.rand(heads, generator=gen, dtype=torch.float64)
+    memory = torch.arange(heads) % 2 == 0
+    lo = torch.where(memory, math.log(MEMORY_RATE[0]), math.log(FAST_RATE[0]))
+    hi = torch.where(memory, math.log(MEMORY_RATE[1]), math.log(FAST_RATE[1]))
+    rate = torch.exp(lo + u * (hi - lo))
+    dt = rate / a
+    dt_bias = dt + torch.log(-torch.expm1(-dt))  # the inverse of softplus, exact for small dt too
+    return a.log().float(), dt_bias.float()
+
+
+def massive_channels(hidden: int) -> list[int]:
+    """The hidden channels that carry the massive activations, from a seeded permutation."""
+    return sorted(torch.randperm(hidden, generator=_generator("massive_channels"))[:MASSIVE_CHANNELS].tolist())
+
+
+def massive_tokens(vocab: int) -> list[int]:
+    """The token ids whose embed_tokens rows carry the massive activations."""
+    return list(range(0, vocab, MASSIVE_TOKEN_EVERY))
+
+
 def _draw(name: str, shape: tuple[int, ...], projection_std: float = PROJECTION_STD) -> torch.Tensor:
-    """A float32 tensor for checkpoint key `name`, from a seed derived from the name alone."""
-    gen = torch.Generator().manual_seed(SEED * 2**32 + zlib.crc32(name.encode()))
+    """A float32 tensor for checkpoint key `name`, from a seed derived from the name alone (A_log and
+    dt_bias: from their layer's prefix). `projection_std` applies to the projections but in_proj_a."""
+    gen = _generator(name)
     randn = lambda: torch.randn(shape, generator=gen)  # noqa: E731
     leaf = name.rsplit(".", 2)
     if name.startswith("model.visual."):
         return torch.ones(shape) if name.endswith("norm1.weight") or name.endswith("norm2.weight") else VISION_STD * randn()
-    if name.endswith("A_log"):  # the stock draw: A ~ U(0, 16), strong and weak decays side by side
-        return torch.rand(shape, generator=gen).mul(16.0).clamp_min(1e-3).log()
-    if name.endswith("dt_bias"):
-        return 1.0 + NORM_STD * randn()
+    if name.endswith(".A_log") or name.endswith(".dt_bias"):
+        prefix, leaf_name = name.rsplit(".", 1)
+        return decay_parameters(prefix, shape[0])[0 if leaf_name == "A_log" else 1]
+    if name.endswith("linear_attn.in_proj_a.weight"):
+        return IN_PROJ_A_GAIN / math.sqrt(shape[1]) * randn()
     if name.endswith("linear_attn.norm.weight"):  # the gated norm is a plain weight: centred on 1
         return 1.0 + NORM_STD * randn()
     if leaf[-2].endswith("norm") or leaf[-2].endswith("layernorm"):
         return NORM_STD * randn()
     if name.endswith("embed_tokens.weight"):
-        return EMBED_STD * randn()
+        table = EMBED_STD * randn()
+        rows = torch.tensor(massive_tokens(shape[0]))
+        cols = torch.tensor(massive_channels(shape[1]))
+        size = (len(rows), len(cols))
+        sign = torch.where(torch.rand(size, generator=gen) < 0.5, -1.0, 1.0)
+        magnitude = MASSIVE_SCALE[0] + (MASSIVE_SCALE[1] - MASSIVE_SCALE[0]) * torch.rand(size, generator=gen)
+        table[rows[:, None], cols[None, :]] = sign * magnitude * EMBED_STD
+        return table
     return projection_std * randn()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import layout, tflite_file
+from scripts import controls, layout, tflite_file
 from tests.conftest import ROOT, clef, dvc, git
 
 STAGES = {name: st.get("do", st) for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
@@ -184,6 +184,12 @@ def test_metrics_and_plots(pipeline, tmp_path):
             [layout.gpu_name(n) for n in params["lengths"]] + \
             [layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"]) for q in params["pairs"]]:
         assert rows[check]["passed"] is True and 0 <= rows[check]["max_rel"] <= rows[check]["threshold"], check
+        assert rows[check]["max_rel_per_position"] <= rows[check]["threshold_per_position"], check
+    # each check's fault (scripts/controls.py) broke its bound by the factor params.yaml asks for
+    controlled = ["kernel", "layers", "model"] + [f"tflite_L{n}" for n in params["lengths"] if controls.memory_cut_applies(params["form"], n)] + \
+        [f"pair_P{q['prefix']}_S{q['suffix']}" for q in params["pairs"]]
+    for check in controlled:
+        assert rows[check]["control_over_threshold"] >= params["controls"]["min_over_threshold"], check
     for n in params["lengths"]:
         assert {"ops_per_gdn_layer", "bytes", "torch_over_litert", "litert_ms"} <= set(rows[f"tflite_L{n}"])
     assert rows["export_bench"]["gdn_ops_stock_over_form"] > 1

@@ -150,7 +150,8 @@ def test_make_release_output(pipeline, built):
         {e["name"]: e["sha256"] for e in snap["files"]}
     for path, art in manifest["artifacts"].items():
         assert art["dvc_lock"]["md5"] == art["md5"], f"{path}: dvc.lock and the packaged file disagree"
-        assert art["reference"]["max_rel"] <= art["reference"]["threshold"]
+        ref = art["reference"]
+        assert ref["max_rel"] <= ref["threshold"] and ref["max_rel_per_position"] <= ref["threshold_per_position"]
         for sig in art["signatures"].values():
             assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])
     assert {"fetch", "stack", "verify_kernel", "export_stock"} <= set(manifest["stages"])
@@ -267,8 +268,10 @@ def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
     with torch.no_grad():
         ref = row_graph.ClefRowPrefill(model, 64)(**record)["hidden"][0, :len(ids)]
     out = litert_signature(interpreter(built / "rows/row_L64.tflite").get_signature_runner())(**record)["hidden"]
-    err = float((out[0, :len(ids)] - ref).abs().max() / ref.abs().max())
-    assert err <= manifest["params"]["verify_tflite"]["max_rel_vs_torch"]
+    from scripts import compare, params
+
+    bounds = params.bounds(manifest["params"], "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
+    assert compare.judge([compare.figures("vs_torch", out[0, :len(ids)], ref)], bounds) == []
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -64,3 +64,27 @@ def test_bad_layer_count_refused(layers):
 
 def test_layer_count_ignored_for_other_sources():
     params.check_model({"source": "tiny", "repo": "a/b", "revision": "0" * 40})
+
+
+def test_gated_deltanet_keeps_memory_at_real_width(one_layer):
+    """The tiny checkpoint's memory design at clef-flash's widths (32 value heads, fan-in 4096),
+    measured through stock transformers: at least half the heads keep >= 10% of their state over
+    64 tokens, the even ones. in_proj_a has its own std 0.3 / sqrt(fan-in), not the projections'."""
+    from safetensors import safe_open
+
+    from scripts import text_stack, tiny_checkpoint
+    from tests.test_tiny_checkpoint import KEPT, chunk_survival, heads_keeping_memory, record_embeds
+
+    target, _ = one_layer
+    key = "model.language_model.layers.0.linear_attn.in_proj_a.weight"
+    shard = json.loads((target / "model.safetensors.index.json").read_text())["weight_map"][key]
+    with safe_open(str(target / shard), framework="pt") as f:
+        a = f.get_tensor(key).float()
+    assert a.shape == (32, 4096)
+    assert abs(a.std().item() * 4096 ** 0.5 / tiny_checkpoint.IN_PROJ_A_GAIN - 1) < 0.05
+    model, _ = text_stack.load_text_stack(target, progress=False)
+    _, embeds = record_embeds(target)
+    survival = chunk_survival(model, embeds)
+    assert list(survival) == [0] and survival[0].shape == (32,)
+    assert heads_keeping_memory(survival)[0] >= 0.5, survival
+    assert bool((survival[0][0::2] >= KEPT).all()), survival

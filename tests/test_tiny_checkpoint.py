@@ -144,3 +144,157 @@ def test_seed_depends_on_name_only(name):
     assert torch.equal(a, b)
     assert not torch.equal(a, tiny_checkpoint._draw(name + "x", shape))
     assert hashlib.sha256(a.numpy().tobytes()).hexdigest() == hashlib.sha256(b.numpy().tobytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# What the weights do, measured through stock transformers: memory, massive activations, fp32 sanity
+
+WINDOW = 64  # the pipeline's chunk: state that survives it is what a kernel dropping the carry loses
+KEPT = 0.1  # a head "keeps memory" when >= 10% of its state survives a window
+
+
+def record_embeds(snapshot, n: int = 200, seed: int = 11) -> tuple[list[int], torch.Tensor]:
+    """A random record of n tokens (every id, massive-activation ones included) and its host embeds."""
+    from scripts.clef_host import Host
+    from scripts.model_check import random_ids
+
+    host = Host(snapshot)
+    ids = random_ids(n, host.embed_tokens.shape[0], seed)
+    return ids, host.record(ids, n)["embeds"]
+
+
+def chunk_survival(model, embeds: torch.Tensor, window: int = WINDOW) -> dict[int, torch.Tensor]:
+    """{layer: [heads]}: per GatedDeltaNet value head, exp(sum of g over `window` consecutive tokens),
+    the median over every window of the record, g as the stock layer hands it to its chunk kernel."""
+    gs, layers = {}, {i: layer.linear_attn for i, layer in enumerate(model.layers)
+                      if layer.block_type == "linear_attention"}
+    kernels = {i: m.chunk_gated_delta_rule for i, m in layers.items()}  # an instance attribute
+    for i, m in layers.items():
+        def capture(*args, _i=i, **kwargs):
+            gs[_i] = kwargs["g"].detach().double()[0]  # [L, H]
+            return kernels[_i](*args, **kwargs)
+        m.chunk_gated_delta_rule = capture
+    try:
+        with torch.no_grad():
+            model(inputs_embeds=embeds, use_cache=False)
+    finally:
+        for i, m in layers.items():
+            m.chunk_gated_delta_rule = kernels[i]
+    assert set(gs) == set(layers)
+    out = {}
+    for i, g in gs.items():
+        cum = torch.cat([torch.zeros(1, g.shape[1], dtype=g.dtype), g.cumsum(0)])
+        out[i] = (cum[window:] - cum[:-window]).exp().median(0).values
+    return out
+
+
+def heads_keeping_memory(survival: dict[int, torch.Tensor]) -> dict[int, float]:
+    """{layer: share of heads keeping >= KEPT of their state over a window}."""
+    return {i: float((s >= KEPT).double().mean()) for i, s in survival.items()}
+
+
+def test_gated_deltanets_keep_memory_across_a_chunk(tiny_snapshot):
+    """Measured, not nominal: in every GatedDeltaNet at least half the heads keep >= 10% of their
+    state over 64 tokens, so a kernel that drops the state carried between chunks shows."""
+    from scripts import text_stack
+
+    model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
+    _, embeds = record_embeds(tiny_snapshot)
+    survival = chunk_survival(model, embeds)
+    assert len(survival) == sum(layer.block_type == "linear_attention" for layer in model.layers)
+    shares = heads_keeping_memory(survival)
+    assert min(shares.values()) >= 0.5, {i: [f"{v:.2g}" for v in s.tolist()] for i, s in survival.items()}
+    for s in survival.values():  # the memory heads are the even ones, as drawn
+        assert bool((s[0::2] >= KEPT).all()), s
+
+
+def _old_draw(name: str, shape) -> torch.Tensor:
+    """The draw the checkpoint had before its memory design: A ~ U(0, 16), dt_bias ~ 1 + 0.1 N,
+    in_proj_a at the projections' std 0.2."""
+    gen = tiny_checkpoint._generator(name)
+    if name.endswith("A_log"):
+        return torch.rand(shape, generator=gen).mul(16.0).clamp_min(1e-3).log()
+    if name.endswith("dt_bias"):
+        return 1.0 + tiny_checkpoint.NORM_STD * torch.randn(shape, generator=gen)
+    return tiny_checkpoint.PROJECTION_STD * torch.randn(shape, generator=gen)
+
+
+@pytest.mark.parametrize("fault", ["old_draw", "dt_bias_up_10"])
+def test_memory_measurement_sees_fast_decay(tiny_snapshot, fault):
+    """The control: the same measurement on decays that forget within a chunk reports fewer than half
+    the heads keeping memory, in every layer."""
+    from scripts import text_stack
+
+    model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
+    for i, layer in enumerate(model.layers):
+        if layer.block_type != "linear_attention":
+            continue
+        m, prefix = layer.linear_attn, f"model.language_model.layers.{i}.linear_attn"
+        with torch.no_grad():
+            if fault == "old_draw":
+                for leaf, param in (("A_log", m.A_log), ("dt_bias", m.dt_bias), ("in_proj_a.weight", m.in_proj_a.weight)):
+                    param.copy_(_old_draw(f"{prefix}.{leaf}", tuple(param.shape)).to(torch.bfloat16))
+            else:
+                m.dt_bias.add_(10.0)
+    _, embeds = record_embeds(tiny_snapshot)
+    shares = heads_keeping_memory(chunk_survival(model, embeds))
+    assert max(shares.values()) < 0.5, shares
+
+
+def test_massive_activations_in_the_residual_stream(tiny_snapshot):
+    """At massive-activation tokens the 3 chosen channels of the residual stream are >= 50x the median
+    |value| of the other channels (median over those positions) entering every layer; entering the
+    first, at every other token they are ordinary."""
+    from scripts import text_stack
+
+    model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
+    ids, embeds = record_embeds(tiny_snapshot)
+    tokens = set(tiny_checkpoint.massive_tokens(model.config.vocab_size))
+    massive = torch.tensor([i in tokens for i in ids])
+    assert 5 <= int(massive.sum()) < len(ids) // 4  # a few positions, not most
+    with torch.no_grad():
+        states = model(inputs_embeds=embeds, use_cache=False, output_hidden_states=True).hidden_states
+    channels = tiny_checkpoint.massive_channels(model.config.hidden_size)
+    others = [c for c in range(model.config.hidden_size) if c not in channels]
+    for layer in range(model.config.num_hidden_layers):  # the stream entering each layer
+        hidden = states[layer][0]
+        ratio = hidden[:, channels].abs() / hidden[:, others].abs().median(-1).values[:, None]  # [L, 3]
+        assert float(ratio[massive].median()) >= 50.0, (layer, ratio[massive])
+        if layer == 0:
+            assert float(ratio[~massive].max()) < 10.0, ratio[~massive].max()
+
+
+def test_fp32_stack_is_finite_and_close_to_float64(tiny_snapshot):
+    """The stock fp32 stack on a 200-token record (massive activations and long memory included)
+    is finite and within 1e-3 of the same model in float64."""
+    from scripts import text_stack
+    from scripts.model_check import in_float64
+
+    model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
+    _, embeds = record_embeds(tiny_snapshot)
+    with torch.no_grad():
+        fp32 = model(inputs_embeds=embeds, use_cache=False).last_hidden_state
+        exact = in_float64(model)(inputs_embeds=embeds.double(), use_cache=False).last_hidden_state
+    assert bool(torch.isfinite(fp32).all())
+    err = float((fp32.double() - exact).abs().max() / exact.abs().max())
+    assert err < 1e-3, err
+
+
+def test_decay_pairs_give_the_nominal_rates(tiny_snapshot):
+    """As stored (bf16), each GatedDeltaNet's A_log and dt_bias pair up to a per-token rate
+    A x softplus(dt_bias) in the memory range on even heads and the fast range on odd ones."""
+    from safetensors import safe_open
+
+    wmap = json.loads((tiny_snapshot / "model.safetensors.index.json").read_text())["weight_map"]
+    prefixes = sorted(k[:-len(".A_log")] for k in wmap if k.endswith(".A_log"))
+    assert len(prefixes) == tiny_checkpoint.TEXT_CONFIG["layer_types"].count("linear_attention")
+    for prefix in prefixes:
+        got = {}
+        for leaf in ("A_log", "dt_bias"):
+            with safe_open(str(tiny_snapshot / wmap[f"{prefix}.{leaf}"]), framework="pt") as f:
+                got[leaf] = f.get_tensor(f"{prefix}.{leaf}").double()
+        a = got["A_log"].exp()
+        assert bool(((a > 0.97 * tiny_checkpoint.A_RANGE[0]) & (a < 1.03 * tiny_checkpoint.A_RANGE[1])).all()), a
+        rate = a * torch.nn.functional.softplus(got["dt_bias"])
+        for heads, (lo, hi) in ((rate[0::2], tiny_checkpoint.MEMORY_RATE), (rate[1::2], tiny_checkpoint.FAST_RATE)):
+            assert bool(((heads > 0.9 * lo) & (heads < 1.1 * hi)).all()), (prefix, rate)

@@ -1,0 +1,78 @@
+"""The faults the checks rerun with (scripts/controls.py): each breaks its check on the embedded
+checkpoint, the control itself fails on weights without memory, and every patch is restored."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from scripts import clef_kernel, clef_qwen35_patch, controls, model_check, text_stack
+from scripts.clef_host import Host
+from scripts.clef_qwen35_patch import ClefGatedDeltaNet
+
+FORM = "R64+sp+ec+dd+vs6"
+LAYER_BOUND = 1e-5  # params.yaml verify_layers.max_rel_vs_stock_f64
+
+
+@pytest.fixture(scope="module")
+def stock(tiny_snapshot):
+    model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
+    return model
+
+
+def layer_control(model) -> float:
+    rows = model_check.layer_rows(copy.deepcopy(model), FORM, seeds=(5,), scales=(1.0,))
+    assert max(r["rel_vs_stock_f64"] for r in rows) < LAYER_BOUND
+    return min(r["control_memory_cut_rel_vs_stock_f64"] for r in rows)
+
+
+def test_memory_cut_breaks_the_layer_check_on_every_layer(stock):
+    """The state carried between chunks matters in every GatedDeltaNet of the embedded checkpoint."""
+    weakest = layer_control(stock)
+    assert controls.problems("memory_cut", weakest, LAYER_BOUND, 100) == [], weakest
+
+
+def test_memory_cut_control_fails_on_weights_without_memory(stock):
+    """Decays x e^8 (every head forgets within a few tokens): the fault no longer shows, and the
+    control says the check cannot see it."""
+    forgetful = copy.deepcopy(stock)
+    with torch.no_grad():
+        for m in clef_kernel.gated_deltanets(forgetful):
+            m.A_log += 8.0
+    weakest = layer_control(forgetful)
+    lines = controls.problems("memory_cut", weakest, LAYER_BOUND, 100)
+    assert len(lines) == 1 and "cannot see the failure it is named after" in lines[0], (weakest, lines)
+
+
+def test_memory_cut_does_not_exist_within_one_chunk():
+    assert controls.memory_cut_applies(FORM, 65) and not controls.memory_cut_applies(FORM, 64)
+    assert controls.problems("memory_cut", None, 1e-5, 100) == []  # recorded as not applying
+
+
+def test_patches_are_restored_even_on_error(tiny_snapshot):
+    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
+    kernels = [m.chunk_gated_delta_rule for m in clef_kernel.gated_deltanets(model)]
+    with pytest.raises(RuntimeError):
+        with controls.memory_cut(model, FORM), controls.without_pad_guard():
+            assert not ClefGatedDeltaNet.pad_decay_guard
+            assert all("zeroed" in m.chunk_gated_delta_rule.__name__ for m in clef_kernel.gated_deltanets(model))
+            raise RuntimeError("midway")
+    assert ClefGatedDeltaNet.pad_decay_guard
+    assert [m.chunk_gated_delta_rule for m in clef_kernel.gated_deltanets(model)] == kernels
+
+
+def test_causality_cannot_see_the_pad_guard(tiny_snapshot):
+    """Row-level garbage-vs-zero pads stay exact with the guard removed: what guards the pads is
+    verify_pair's chaining with padded prefixes (tests/test_pair_graph.py shows it failing)."""
+    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
+    model64 = copy.deepcopy(model).to(torch.float64)
+    with controls.without_pad_guard():
+        row = model_check.causality(model, model64, Host(tiny_snapshot), 64, model.config.vocab_size, seed=0)
+    assert row["rel_causality"] == 0.0
+
+
+def test_zero_recurrent_keeps_everything_but_the_recurrent_state():
+    state = {"gdn0_recurrent": torch.ones(1, 2, 3, 3), "gdn0_conv": torch.ones(1, 4, 3), "attn_slots": torch.ones(1, 5)}
+    out = controls.zero_recurrent(state)
+    assert not out["gdn0_recurrent"].any() and out["gdn0_conv"].all() and out["attn_slots"].all()
