@@ -36,7 +36,7 @@ def main() -> None:
           f"finite: {summary['fp16'][form]['all_finite']}; memory-cut control {compare.shown(control['rel_vs_f64'])} "
           f"({compare.shown(control['over_threshold'])}x the bound)")
     if not summary["passed"]:
-        raise ClefError(f"verify_kernel failed: {summary['failures'][0]} ({len(summary['failures'])} rows over)")
+        raise ClefError(f"verify_kernel failed: {summary['failures'][0]} ({len(summary['failures'])} problems)")
 
 
 if __name__ == "__main__":
