@@ -107,14 +107,24 @@ def shown(value, spec: str = ".3g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def limits(section, keys: tuple[str, ...], name: str) -> dict[str, float]:
-    """params.yaml section `name` -> {key: bound} for `keys`, each a positive finite number."""
-    if not isinstance(section, dict):
-        raise ClefError(f"params.yaml: `{name}` must be a mapping with {', '.join(keys)}")
-    out = {}
-    for key in keys:
-        value = section.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ClefError(f"params.yaml: {name}.{key} {value!r} is not a positive number")
-        out[key] = float(value)
-    return out
+# ---- controls: a check rerun with the fault it exists to catch (scripts/controls.py) ------------
+
+def margin(control_error, threshold: float):
+    """How many times its bound a fault's error is (NaN and inf: infinitely far; None: no fault)."""
+    if control_error is None:
+        return None
+    if not math.isfinite(control_error):
+        return float("inf")
+    return control_error / threshold
+
+
+def control_problems(name: str, control_error, threshold: float, min_over: float) -> list[str]:
+    """One line when the fault `name` moves the check's figure by less than min_over x its bound.
+    None: the fault does not exist in any of the check's records (recorded as not applying)."""
+    if control_error is None:
+        return []
+    m = margin(control_error, threshold)
+    if m >= min_over:
+        return []
+    return [f"control {name}: the fault gives {control_error:.3g}, {m:.3g}x the bound {threshold:g} (needs >= "
+            f"{min_over:g}x): the check cannot see the failure it is named after"]

@@ -2,7 +2,8 @@
 
 A check whose figure does not move when its fault is present cannot see that fault, however small
 the figure is. The checks rerun under these and record the error they then report; a stage fails
-when that error breaks its bound by less than `controls.min_over_threshold` (params.yaml).
+when that error breaks its bound by less than `controls.min_over_threshold` (params.yaml;
+scripts/compare.py control_problems judges it).
 - `memory_cut`: the form's kernel with the state zeroed at each of its chunk boundaries: a kernel
   that dropped the state carried between chunks. It exists only where a record spans more than one
   chunk (not in a 64-token graph under R64); `applies` says where.
@@ -23,6 +24,7 @@ def _form(form) -> clef_kernel.Form:
 
 
 def memory_cut_kernel(form: clef_kernel.Form | str):
+    """The form's kernel with the state zeroed at each chunk boundary (clef_kernel's carry_state)."""
     return clef_kernel.make_kernel(_form(form), carry_state=False)
 
 
@@ -62,26 +64,3 @@ def without_pad_guard():
 def zero_recurrent(tensors: dict) -> dict:
     """A pair state with every GatedDeltaNet recurrent state zeroed (conv state, K/V and slots kept)."""
     return {k: (v * 0.0 if k.endswith("_recurrent") else v) for k, v in tensors.items()}
-
-
-def margin(control_error, threshold: float) -> float:
-    """How many times the bound the fault's error is (NaN and inf count as infinitely far)."""
-    import math
-
-    if control_error is None:
-        return None
-    if not math.isfinite(control_error):
-        return float("inf")
-    return control_error / threshold
-
-
-def problems(name: str, control_error, threshold: float, min_over: float) -> list[str]:
-    """One line when the fault `name` moves the check's figure by less than min_over x its bound.
-    None: the fault does not exist in any of the check's records (recorded as not applying)."""
-    if control_error is None:
-        return []
-    m = margin(control_error, threshold)
-    if m >= min_over:
-        return []
-    return [f"control {name}: the fault gives {control_error:.3g}, {m:.3g}x the bound {threshold:g} (needs >= {min_over:g}x): "
-            "the check cannot see the failure it is named after"]

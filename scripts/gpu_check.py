@@ -17,7 +17,7 @@ import copy
 
 import torch
 
-from scripts import clef_qwen35_patch, compare, gpu_accelerator, model_check, pair_graph
+from scripts import clef_qwen35_patch, compare, gpu_accelerator, model_check, pair_graph, params
 from scripts.clef_host import Host, PairRunner
 from scripts.row_graph import ClefRowPrefill
 
@@ -55,7 +55,7 @@ LIMITS = ("max_rel_fp32", "max_rel_per_position_fp32", "fp16_max_over_floor")
 def limits(section) -> dict[str, float]:
     """params.yaml `verify_gpu` -> {max_rel_fp32, max_rel_per_position_fp32, fp16_max_over_floor}, each a
     positive number."""
-    return compare.limits(section, LIMITS, "verify_gpu")
+    return params.positive_numbers(section, LIMITS, "verify_gpu")
 
 
 def compile_modes(path, census: dict | None = None) -> dict:

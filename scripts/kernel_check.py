@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from scripts import clef_kernel, compare, controls
+from scripts import clef_kernel, compare
 
 REGIMES = ("R1", "R2", "R3", "R4", "R5")
 GATE_A_MAX = 20.0  # R5's |a|: exp(20) ~ 5e8 is far past fp16's 65504
@@ -161,7 +161,7 @@ def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = No
                         wrong, _ = run_form(form, inputs, scaled_state=False)
                         entry["control_unscaled_state_rel_vs_f64"] = compare.rel(wrong, out_t)
                     if str(form) == control_form:
-                        cut, cut_state = run_form(form, inputs, kernel=controls.memory_cut_kernel(form))
+                        cut, cut_state = run_form(form, inputs, kernel=clef_kernel.make_kernel(form, carry_state=False))
                         entry["control_memory_cut"] = form_figures(cut, cut_state, out_t, state_t, "vs_f64")
                     row["forms"][str(form)] = entry
                 rows.append(row)
@@ -190,8 +190,7 @@ def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dic
                  if not r["forms"][form]["fp16"]["finite"]]
     cut = [labelled(r, r["forms"][form]["control_memory_cut"]) for r in rows if "control_memory_cut" in r["forms"][form]]
     control = compare.worst(cut, "rel_vs_f64")
-    failures += controls.problems("memory_cut", control, limits["rel_vs_f64"], min_over)
-    unscaled = compare.worst([r["forms"][f] for r in rows for f in forms], "control_unscaled_state_rel_vs_f64")
+    failures += compare.control_problems("memory_cut", control, limits["rel_vs_f64"], min_over)
     return {
         "form": form,
         "thresholds": bounds,
@@ -213,7 +212,7 @@ def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dic
         "fp16_note": "fp16 runs the kernel's own arithmetic in float16; `loop` is the stock algorithm op for op "
                      "(transformers' stock function upcasts to float32 inside, so it cannot show fp16). The "
                      "configured form must be finite in fp16 in every regime.",
-        "control_memory_cut": {"rel_vs_f64": control, "over_threshold": controls.margin(control, limits["rel_vs_f64"]),
+        "control_memory_cut": {"rel_vs_f64": control, "over_threshold": compare.margin(control, limits["rel_vs_f64"]),
                                "required_over_threshold": min_over,
                                "what": "the configured form with its state zeroed at every chunk boundary"},
         "vs_control_unscaled_state_min_out_rel_vs_f64": min(

@@ -68,20 +68,29 @@ def check_pairs(pairs) -> list[dict]:
     return pairs
 
 
+def positive_numbers(section, keys: tuple[str, ...], name: str) -> dict[str, float]:
+    """params.yaml section `name` -> {key: value} for `keys`, each a positive finite number."""
+    if not isinstance(section, dict):
+        raise ClefError(f"params.yaml: `{name}` must be a mapping with {', '.join(keys)}")
+    out = {}
+    for key in keys:
+        value = section.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ClefError(f"params.yaml: {name}.{key} {value!r} is not a positive number")
+        out[key] = float(value)
+    return out
+
+
 def bounds(params: dict, section: str, keys: tuple[str, ...]) -> dict[str, float]:
     """The bounds `max_<key>` of a verify section -> {key: bound}: each names the row figure it bounds
     (scripts/compare.py), and each must be a positive number."""
-    from scripts import compare
-
-    found = compare.limits(params.get(section), tuple(f"max_{k}" for k in keys), section)
+    found = positive_numbers(params.get(section), tuple(f"max_{k}" for k in keys), section)
     return {k[4:]: v for k, v in found.items()}
 
 
 def min_over_threshold(params: dict) -> float:
     """controls.min_over_threshold: how far past its bound a check's fault must take its figure."""
-    from scripts import compare
-
-    return compare.limits(params.get("controls"), ("min_over_threshold",), "controls")["min_over_threshold"]
+    return positive_numbers(params.get("controls"), ("min_over_threshold",), "controls")["min_over_threshold"]
 
 
 # Sections with a check here; others (the form, thresholds) are checked by the module that owns them.

@@ -2,7 +2,7 @@
 against transformers' stock class -> results/layers.json. Fails, naming the row, past a bound (global
 or per position), or when the memory-cut control does not break the global bound by
 controls.min_over_threshold."""
-from scripts import atomic, clef_kernel, compare, controls, layout, metrics, model_check, params, snapshot, text_stack
+from scripts import atomic, clef_kernel, compare, layout, metrics, model_check, params, snapshot, text_stack
 from scripts.errors import ClefError, run_stage
 
 
@@ -16,14 +16,14 @@ def main() -> None:
     rows = model_check.layer_rows(model, form)
     control = compare.worst(rows, "control_memory_cut_rel_vs_stock_f64")
     fails = model_check.failures(rows, limits)
-    fails += controls.problems("memory_cut", control, limits["rel_vs_stock_f64"], min_over)
+    fails += compare.control_problems("memory_cut", control, limits["rel_vs_stock_f64"], min_over)
     worst = {k: compare.worst(rows, k) for k in ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_vs_stock_fp32",
                                                  "rel_per_position_vs_stock_fp32", "rel_stock_fp32_vs_f64")}
     summary = {"form": form, "thresholds": limits, "passed": not fails, "failures": fails,
                "layers": sorted({r["layer"] for r in rows}),
                **{f"max_{k}": v for k, v in worst.items()},
                "control_memory_cut": {"rel_vs_stock_f64": control,
-                                      "over_threshold": controls.margin(control, limits["rel_vs_stock_f64"]),
+                                      "over_threshold": compare.margin(control, limits["rel_vs_stock_f64"]),
                                       "required_over_threshold": min_over},
                "all_finite": all(r["finite"] for r in rows),
                "interleave_calls_per_forward": sorted({r["interleave_calls"] for r in rows})}

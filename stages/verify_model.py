@@ -3,7 +3,7 @@ and causality -> results/model.json. Fails, naming the row, past a bound (global
 or when the memory-cut control does not break the global bound by controls.min_over_threshold."""
 import json
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, controls, layout, metrics, model_check, params
+from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, layout, metrics, model_check, params
 from scripts import snapshot
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
@@ -22,7 +22,7 @@ def main() -> None:
     rows = model_check.model_rows(model, Host(path), lengths, vocab)
     control = compare.worst(rows, "control_memory_cut_rel_vs_stock_f64")
     fails = model_check.failures(rows, limits)
-    fails += controls.problems("memory_cut", control, limits["rel_vs_stock_f64"], min_over)
+    fails += compare.control_problems("memory_cut", control, limits["rel_vs_stock_f64"], min_over)
     vs = [r for r in rows if r["check"] == "vs_stock"]
 
     def per_length(key):
@@ -34,7 +34,7 @@ def main() -> None:
                                                       "control_memory_cut_rel_vs_stock_f64")},
                "max_rel_causality": compare.worst(rows, "rel_causality"),
                "control_memory_cut": {"rel_vs_stock_f64": control,
-                                      "over_threshold": controls.margin(control, limits["rel_vs_stock_f64"]),
+                                      "over_threshold": compare.margin(control, limits["rel_vs_stock_f64"]),
                                       "required_over_threshold": min_over},
                "all_finite": all(r["finite"] for r in rows)}
     atomic.write_json(layout.result_path("model"), {"revision": rec["revision"], "summary": summary, "rows": rows})

@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, controls, layout, metrics, pair_check, pair_graph
+from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, layout, metrics, pair_check, pair_graph
 from scripts import params, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host, PairRunner, litert_signature
@@ -70,7 +70,7 @@ def main() -> None:
             value = compare.worst([r for r in rows if r["backend"] == b], key)
             if value is not None:  # the pad guard control runs in torch only
                 found[f"{b} {control}"] = value
-                problems += controls.problems(f"{control} ({b})", value, limit, min_over)
+                problems += compare.control_problems(f"{control} ({b})", value, limit, min_over)
 
     def per_backend(key, check=None):
         return {b: compare.worst([r for r in rows if r["backend"] == b and check in (None, r["check"])], key)
@@ -84,7 +84,7 @@ def main() -> None:
                "max_rel_state_vs_stock_f64": per_backend("rel_state_vs_stock_f64"),
                "max_rel_per_position_state_vs_stock_f64": per_backend("rel_per_position_state_vs_stock_f64"),
                "max_rel_state_vs_stock_fp32": per_backend("rel_state_vs_stock_fp32"),
-               "controls": {name: {"rel_vs_row": v, "over_threshold": controls.margin(v, limit)} for name, v in found.items()},
+               "controls": {name: {"rel_vs_row": v, "over_threshold": compare.margin(v, limit)} for name, v in found.items()},
                "controls_required_over_threshold": min_over}
     name = layout.pair_name(a.prefix, a.suffix)
     atomic.write_json(layout.result_path(name), {"summary": summary, "census": census, "metadata": meta, "rows": rows})

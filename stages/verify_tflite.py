@@ -6,9 +6,7 @@ when the memory-cut control (the torch graph with the fault, against the file) d
 global bound by controls.min_over_threshold."""
 import argparse
 
-import torch
-
-from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, controls, layout, metrics, model_check, params
+from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, layout, metrics, model_check, params
 from scripts import row_graph, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host
@@ -48,14 +46,14 @@ def main() -> None:
         rows.append(tflite_check.record_row(kind, n, tflite_check.run(runner, inputs), graph, inputs, form))
     problems += [f"accuracy: {line}" for line in compare.judge(rows, limits)]
     control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
-    problems += controls.problems("memory_cut", control, limit, min_over)
+    problems += compare.control_problems("memory_cut", control, limit, min_over)
     timing = tflite_check.latency(runner, graph, host.record(model_check.random_ids(length, vocab, length), length),
                                   int(p["verify_tflite"]["latency_repeats"]))
     doc = {"L": length, "form": form, "file": str(path), "bytes": path.stat().st_size, "thresholds": limits,
            "passed": not problems, "problems": problems, "rows": rows,
            "max_rel_vs_torch": compare.worst(rows, "rel_vs_torch"),
            "max_rel_per_position_vs_torch": compare.worst(rows, "rel_per_position_vs_torch"),
-           "control_memory_cut": {"rel_vs_torch": control, "over_threshold": controls.margin(control, limit),
+           "control_memory_cut": {"rel_vs_torch": control, "over_threshold": compare.margin(control, limit),
                                   "required_over_threshold": min_over, "applies": control is not None,
                                   "what": "the torch graph with the state zeroed at each chunk boundary, against the "
                                           "file (none where no record spans two chunks)"},

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from scripts import clef_kernel, clef_qwen35_patch, compare, gpu_check, kernel_check, model_check, pair_check
-from scripts import pair_graph, release, text_stack, tflite_check
+from scripts import pair_graph, params, release, text_stack, tflite_check
 from scripts.clef_host import Host, PairRunner
 from scripts.errors import ClefError
 from scripts.row_graph import ClefRowPrefill
@@ -57,7 +57,7 @@ def test_per_position_sees_an_ordinary_position_next_to_a_massive_one():
 ])
 def test_bounds_must_be_positive_numbers(section, fragment):
     with pytest.raises(ClefError, match="params.yaml") as info:
-        compare.limits(section, ("max_a",), "verify_x")
+        params.positive_numbers(section, ("max_a",), "verify_x")
     assert fragment in str(info.value)
 
 

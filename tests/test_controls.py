@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from scripts import clef_kernel, clef_qwen35_patch, controls, model_check, text_stack
+from scripts import clef_kernel, clef_qwen35_patch, compare, controls, model_check, text_stack
 from scripts.clef_host import Host
 from scripts.clef_qwen35_patch import ClefGatedDeltaNet
 
@@ -30,7 +30,7 @@ def layer_control(model) -> float:
 def test_memory_cut_breaks_the_layer_check_on_every_layer(stock):
     """The state carried between chunks matters in every GatedDeltaNet of the embedded checkpoint."""
     weakest = layer_control(stock)
-    assert controls.problems("memory_cut", weakest, LAYER_BOUND, 100) == [], weakest
+    assert compare.control_problems("memory_cut", weakest, LAYER_BOUND, 100) == [], weakest
 
 
 def test_memory_cut_control_fails_on_weights_without_memory(stock):
@@ -41,13 +41,13 @@ def test_memory_cut_control_fails_on_weights_without_memory(stock):
         for m in clef_kernel.gated_deltanets(forgetful):
             m.A_log += 8.0
     weakest = layer_control(forgetful)
-    lines = controls.problems("memory_cut", weakest, LAYER_BOUND, 100)
+    lines = compare.control_problems("memory_cut", weakest, LAYER_BOUND, 100)
     assert len(lines) == 1 and "cannot see the failure it is named after" in lines[0], (weakest, lines)
 
 
 def test_memory_cut_does_not_exist_within_one_chunk():
     assert controls.memory_cut_applies(FORM, 65) and not controls.memory_cut_applies(FORM, 64)
-    assert controls.problems("memory_cut", None, 1e-5, 100) == []  # recorded as not applying
+    assert compare.control_problems("memory_cut", None, 1e-5, 100) == []  # recorded as not applying
 
 
 def test_patches_are_restored_even_on_error(tiny_snapshot):

@@ -110,7 +110,6 @@ def run(args) -> int:
 
 def verify(args) -> int:
     from scripts import tflite_file
-    from scripts.snapshot import sha256_file
 
     root = Path(args.release)
     if not root.is_dir():
