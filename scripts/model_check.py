@@ -5,9 +5,9 @@ The reference is transformers' own stock classes with the same weights, run twic
 - in float64, the exact stock function (the threshold applies here). The stock chunk kernel casts
   to float32 inside, so its float64 run swaps in the `loop` form, which is the stock algorithm op
   for op (a test shows it equal to the stock kernel bit for bit in fp32).
-Why both: on this checkpoint the stock fp32 run is itself up to ~1e-4 away from its float64 run (its
-decays are differences of long cumulative sums, which cancel; `dd` is the cure), so a fp32-vs-fp32
-figure mostly measures the stock kernel's own rounding. The figures show all three.
+Why both: the stock fp32 run has rounding of its own (its decays are differences of long cumulative
+sums, which cancel; `dd` is the cure), so a fp32-vs-fp32 figure partly measures the stock kernel.
+The figures show all three.
 
 verify_layers: every GatedDeltaNet, patched and under the form, against the stock class on random
 hidden states with a right pad (real positions). verify_model: the row graph against the stock twin

@@ -214,6 +214,19 @@ def test_safe_softplus():
     assert not torch.isfinite(torch.log1p(torch.exp(big))).all()  # the naive form overflows in fp16
 
 
+def test_log1p_series_keeps_small_arguments_that_log_of_one_plus_y_rounds_away():
+    """LiteRT runs torch.log1p as LOG(1 + y): a slow decay's softplus (~1e-5) loses ~1% in fp32 and
+    everything in fp16. The series keeps it in both."""
+    y = torch.tensor([1e-7, 1e-5, 3e-4, 0.1, 1.0])
+    truth = torch.log1p(y.double())
+    for dtype, bound, first in ((torch.float32, 1e-6, 0), (torch.float16, 2e-3, 1)):  # 1e-7 is below fp16
+        series = K.log1p_series(y[first:].to(dtype)).double()
+        assert ((series - truth[first:]).abs() / truth[first:]).max() < bound, dtype
+    rounded = torch.log(1 + y[:2])  # the control: what LOG(1 + y) gives in fp32
+    assert ((rounded.double() - truth[:2]).abs() / truth[:2]).max() > 1e-3
+    assert (torch.log(1 + y[:3].half()) == 0).all()  # and in fp16
+
+
 # --- the export graph ----------------------------------------------------------------------
 
 class KernelModule(torch.nn.Module):
