@@ -32,7 +32,8 @@ def planned(p: dict) -> list[dict]:
     return out
 
 
-GPU_FIGURES = ("fully_accelerated", "fp32_max_rel_vs_torch", "threshold_fp32", "fp16_max_rel_vs_f64",
+GPU_FIGURES = ("fully_accelerated", "fp32_max_rel_vs_torch", "threshold_fp32", "fp32_max_rel_per_position_vs_torch",
+               "threshold_per_position_fp32", "fp16_max_rel_vs_f64",
                "fp16_max_rel_per_position_vs_f64", "floor_max_rel_vs_f64", "floor_max_rel_per_position_vs_f64",
                "fp16_over_floor", "fp16_target_over_floor", "fp16_within_target", "all_finite", "device")
 
