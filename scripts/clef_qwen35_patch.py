@@ -8,6 +8,7 @@ switching the classes of its instances (no weight is copied or moved):
   softplus (scripts/clef_kernel.py apply() sets them).
 - attention: `clef_eager` (GQA by concat, rank-4 matmuls, additive mask, fp32 softmax), registered
   in transformers' attention registry and selected through the config.
+- `ClefRMSNorm`: every RMSNorm but the GatedDeltaNet's gated one, its squares safe in fp16.
 `stock_twin(model)` builds the reference: the same weights (shared storage) in transformers' stock
 classes with sdpa attention, computing its own positions, mask and rotary tables.
 """
@@ -109,6 +110,26 @@ class ClefGatedDeltaNet(M.Qwen3_5GatedDeltaNet):
         return self.mix(conv, z, beta, a)[0]
 
 
+# The smallest scale ClefRMSNorm divides by: fp16's smallest normal number, so that x / scale never
+# divides by zero (an all-zero pad row) and never leaves fp16's normal range.
+NORM_MIN_SCALE = 2.0 ** -14
+
+
+class ClefRMSNorm(M.Qwen3_5RMSNorm):
+    """RMSNorm computed on x / max|x|: the same function, but its squares stay <= 1.
+
+    A GPU delegate in fp16 squares x in fp16: a massive activation of 256 or more (trained Qwen models
+    have them in the thousands) overflows to inf, rsqrt(inf) is 0, and the whole position's normed
+    input becomes 0. Scaled by its largest magnitude m, x / m is in [-1, 1]; eps is carried as
+    (sqrt(eps) / m)^2, so x rsqrt(mean(x^2) + eps) = (x / m) rsqrt(mean((x / m)^2) + eps / m^2) exactly."""
+
+    def _norm(self, x):
+        m = torch.clamp_min(x.abs().amax(dim=-1, keepdim=True), NORM_MIN_SCALE)
+        y = x / m
+        root_eps = self.eps ** 0.5 / m
+        return y * torch.rsqrt((y * y).mean(-1, keepdim=True) + root_eps * root_eps)
+
+
 class ClefTextModel(M.Qwen3_5TextModel):
     """The text stack with its inputs made explicit: no position ids, no mask building, no cache."""
 
@@ -128,6 +149,9 @@ def patch(model: nn.Module) -> nn.Module:
     for layer in model.layers:
         if layer.block_type == "linear_attention":
             layer.linear_attn.__class__ = ClefGatedDeltaNet
+    for m in model.modules():
+        if type(m) is M.Qwen3_5RMSNorm:  # not the GatedDeltaNet's Qwen3_5RMSNormGated
+            m.__class__ = ClefRMSNorm
     model.config._attn_implementation = ATTENTION
     return model
 

@@ -63,6 +63,34 @@ def test_a_clean_graph_runs_on_the_gpu_in_both_modes(tmp_path):
         assert compare.rel(out["y"], x @ x.transpose(-1, -2)) < bound
 
 
+class Norm(torch.nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        return {"y": self.norm(x)}
+
+
+def test_rms_norm_survives_massive_activations_in_fp16_on_the_gpu(tmp_path):
+    """A position with a channel at 2000: the stock RMSNorm's squares overflow fp16 on the accelerator
+    (its x.float() is not a float32 there), and the position comes out zero; ClefRMSNorm keeps it."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    x = torch.randn(1, 4, 64)
+    x[0, 1, 5] = 2000.0
+    errors = {}
+    for name, cls in (("stock", Qwen3_5RMSNorm), ("clef", P.ClefRMSNorm)):
+        norm = Qwen3_5RMSNorm(64)
+        norm.__class__ = cls
+        path = tmp_path / f"{name}.tflite"
+        export.convert(Norm(norm).eval(), {"x": x}, path)
+        out = gpu_accelerator.compile(path, False).signature()(x=x)["y"]
+        errors[name] = compare.figures("vs_f64", out, Qwen3_5RMSNorm(64).double()(x.double()))
+    assert errors["clef"]["rel_per_position_vs_f64"] < 5e-3, errors
+    assert errors["stock"]["rel_per_position_vs_f64"] > 0.5, errors  # the control: the overflow
+
+
 def test_output_that_is_an_input_fails_the_census_gate_and_is_left_unwritten_on_the_gpu(tmp_path):
     """Why pair_graph computes its slots: the accelerator does not write an output that is an input."""
     path = toy_graph(tmp_path, "alias", alias=True)

@@ -1,12 +1,14 @@
 """The patched stack and its row graph: the export graph's rules, the twin, and the pieces that make it."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 
 from scripts import clef_qwen35_patch as P
-from scripts import model_check, params
+from scripts import compare, model_check, params
 from scripts.clef_host import Host
 from scripts.row_graph import ClefRowPrefill, causal_constant
 from tests.conftest import ROOT
@@ -117,6 +119,30 @@ def test_pad_guard_keeps_the_state_at_the_last_real_token(patched):
     k, v, g = seen[0]
     assert not k[0, 12:].any() and not v[0, 12:].any()
     assert g[0, 12:].abs().max() < 1e-9 and g[0, :12].abs().min() > 0
+
+
+def test_rms_norm_is_the_stock_function_and_safe_in_fp16():
+    """ClefRMSNorm equals the stock RMSNorm (float64 exactly, fp32 to rounding); computed in fp16 without
+    an upcast (as a GPU delegate does), its squares do not overflow where the stock formula's do."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    stock = Qwen3_5RMSNorm(64)
+    with torch.no_grad():
+        stock.weight.normal_(0.0, 0.1)
+    ours = copy.deepcopy(stock)
+    ours.__class__ = P.ClefRMSNorm
+    x = torch.randn(3, 5, 64) * torch.tensor([0.01, 1.0, 100.0])[:, None, None]
+    x[1, 2, 7] = 2000.0
+    with torch.no_grad():
+        # (forward casts to float32 even in a float64 module: the norms are compared directly)
+        assert compare.rel(P.ClefRMSNorm._norm(ours, x.double()), Qwen3_5RMSNorm._norm(stock, x.double())) < 1e-14
+        assert compare.rel(ours(x), stock(x)) < 1e-6
+        assert not ours(torch.zeros(1, 64)).any()  # a zeroed pad row stays zero, not NaN
+        half = x.half()
+        truth = stock._norm(x.double())
+        assert compare.figures("vs", P.ClefRMSNorm._norm(ours, half), truth)["rel_per_position_vs"] < 2e-3
+        stock_half = compare.figures("vs", Qwen3_5RMSNorm._norm(stock, half), truth)
+        assert stock_half["rel_per_position_vs"] > 0.5  # the control: the squares overflow
 
 
 def test_failures_name_the_row():
