@@ -57,7 +57,7 @@ def graph_rate(ws: Path, length: int) -> dict:
         raise ClefError(f"no {path}: run make real-width first")
     snap = snapshot.verify(snapshot.load_record(ws / "results/snapshot.json"), root=ws)
     host = Host(snap)
-    vocab = json.loads((snap / "config.json").read_text())["text_config"]["vocab_size"]
+    vocab = snapshot.text_config(snap)["vocab_size"]
     inputs = host.record(model_check.random_ids(length, vocab, length), length)
     runner = tflite_check.interpreter(path).get_signature_runner()
     seconds = median_seconds(lambda: tflite_check.run(runner, inputs))

@@ -9,12 +9,12 @@ model's own by ~1e-5.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from scripts.errors import ClefError
+from scripts.snapshot import read_json, text_config
 
 PREFIX = "model.language_model."
 
@@ -80,7 +80,7 @@ class Host:
         from when not beside the config (a release that references them instead of including them)."""
         self.snapshot = Path(snapshot)
         self.weights = Path(weights) if weights is not None else self.snapshot
-        config = json.loads((self.snapshot / "config.json").read_text())["text_config"]
+        config = text_config(self.snapshot)
         self.hidden_size = config["hidden_size"]
         self.head_dim = config["head_dim"]
         self.rope = config["rope_parameters"]
@@ -93,7 +93,7 @@ class Host:
             from safetensors import safe_open
 
             index = self.weights / "model.safetensors.index.json"
-            name = json.loads(index.read_text())["weight_map"][key] if index.is_file() else "model.safetensors"
+            name = read_json(index)["weight_map"][key] if index.is_file() else "model.safetensors"
             if not (self.weights / name).is_file():
                 raise ClefError(f"no {key} here: {self.weights / name} is missing")
             with safe_open(str(self.weights / name), framework="pt") as f:
@@ -113,6 +113,9 @@ class Host:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
+            for name in ("tokenizer_config.json", "tokenizer.json"):  # unparsable: one line, not a traceback
+                if (self.snapshot / name).is_file():
+                    read_json(self.snapshot / name)
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.snapshot))
         return self._tokenizer
 

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import tarfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 
@@ -240,6 +240,44 @@ def load_manifest(root: Path) -> dict:
     if manifest.get("format") != FORMAT:
         raise ClefError(f"{path}: format {manifest.get('format')!r}, this clef reads {FORMAT}")
     return manifest
+
+
+def outside(root: Path, name) -> str | None:
+    """Why manifest path `name` does not name a file inside release `root` (None when it does): not a
+    string, absolute, with a `..` part, or resolving (through a symlink) outside the directory."""
+    if not isinstance(name, str) or not name:
+        return "is not a relative path"
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or Path(name).is_absolute():
+        return "is absolute"
+    if ".." in pure.parts:
+        return "climbs out with '..'"
+    top = Path(root).resolve()
+    if not (top / name).resolve().is_relative_to(top):
+        return "leaves the release through a symlink"
+    return None
+
+
+def check_paths(root: Path, manifest: dict) -> list[str]:
+    """Every path the manifest names (`files`, the `artifacts` keys, the reference records) must lie
+    inside the release and be listed in `files` with its hash: one line per path that does not.
+    Checked before anything is hashed or loaded, so no path can make clef read outside the release."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return ["manifest: `files` is not a table of the release's files"]
+    problems = [f"manifest path {name!r} {why}" for name in files if (why := outside(root, name))]
+    artifacts = manifest.get("artifacts")
+    if not isinstance(artifacts, dict):
+        return problems + ["manifest: `artifacts` is not a table of the release's graphs"]
+    for name, art in artifacts.items():
+        reference = art.get("reference", {}).get("file") if isinstance(art, dict) else None
+        for what, path in (("graph", name), ("reference record", reference)):
+            why = outside(root, path)
+            if why:
+                problems.append(f"manifest {what} path {path!r} {why}")
+            elif path not in files:
+                problems.append(f"manifest {what} path {path!r} is not listed in `files` (its hash is unknown)")
+    return problems
 
 
 def check_files(root: Path, manifest: dict) -> list[str]:

@@ -58,6 +58,30 @@ def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = P
     }
 
 
+def read_json(path: str | Path) -> dict:
+    """A JSON file of a snapshot (config.json, tokenizer_config.json, the safetensors index), or one
+    line naming the file and what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"{path} is missing")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ClefError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ClefError(f"{path} holds a {type(doc).__name__}, not a JSON object")
+    return doc
+
+
+def text_config(snapshot: str | Path) -> dict:
+    """config.json's `text_config` of a snapshot (or a release's host/ directory), or one line."""
+    path = Path(snapshot) / "config.json"
+    text = read_json(path).get("text_config")
+    if not isinstance(text, dict):
+        raise ClefError(f"{path} has no text_config object: not a Qwen3.5 checkpoint")
+    return text
+
+
 def load_record(path: str | Path = "results/snapshot.json") -> dict:
     path = Path(path)
     if not path.is_file():

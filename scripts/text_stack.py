@@ -8,14 +8,13 @@ holds for the tiny checkpoint and the real one.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from scripts.errors import ClefError
-from scripts.snapshot import refuse_pickles
+from scripts.snapshot import read_json, refuse_pickles
 
 PREFIX = "model.language_model."
 HOST_TENSORS = ("embed_tokens.weight",)  # run on the host, not in the graph
@@ -24,7 +23,13 @@ HOST_TENSORS = ("embed_tokens.weight",)  # run on the host, not in the graph
 def text_config(snapshot: Path, attn_implementation: str = "sdpa"):
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(str(snapshot))
+    from scripts.snapshot import text_config as raw_text_config
+
+    raw_text_config(snapshot)  # an unparsable config.json is one line, not transformers' traceback
+    try:
+        cfg = AutoConfig.from_pretrained(str(snapshot))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ClefError(f"{snapshot}/config.json: transformers cannot read it: {' '.join(str(exc).split())[:300]}") from None
     text = getattr(cfg, "text_config", None)
     if text is None or getattr(text, "model_type", None) != "qwen3_5_text":
         raise ClefError(f"{snapshot}/config.json is not a Qwen3.5 checkpoint with a qwen3_5_text text_config")
@@ -38,7 +43,7 @@ def weight_map(snapshot: Path) -> dict[str, str]:
     refuse_pickles(p.name for p in snapshot.iterdir())
     index = snapshot / "model.safetensors.index.json"
     if index.is_file():
-        return json.loads(index.read_text())["weight_map"]
+        return read_json(index)["weight_map"]
     single = snapshot / "model.safetensors"
     if single.is_file():
         from safetensors import safe_open

@@ -72,11 +72,35 @@ def _data_start(buf) -> int:
     return min(external) if external else len(buf)
 
 
+def truncation(buf, size: int) -> str | None:
+    """Why the flatbuffer at the start of `buf` (a file of `size` bytes) is cut short, or None: a table
+    or vector that reaches past the end (found by unpacking the whole flatbuffer: flatbuffers reads
+    lazily, so a file cut by a few bytes still yields its metadata), or an external buffer that does."""
+    try:
+        head = bytearray(buf[:_data_start(buf)])
+        model = flatbuffer_utils.convert_bytearray_to_object(head)
+    except Exception as exc:  # struct.error / ValueError / IndexError on a cut table or vector
+        return f"its flatbuffer cannot be read to the end ({type(exc).__name__}: {exc})"
+    for i, b in enumerate(model.buffers or []):
+        if b.offset > 1 and b.offset + b.size > size:
+            return f"buffer {i} ends at byte {b.offset + b.size}, past the file's {size} bytes"
+    return None
+
+
 def read_head(path) -> bytes:
     """The flatbuffer part of a .tflite file: the whole file when it is under the 2 GB limit, else
-    the bytes before the first external buffer (read through mmap, never the weights)."""
+    the bytes before the first external buffer (read through mmap, never the weights). A file cut
+    short is a ClefError, not a model with part of its weights."""
+    from scripts.errors import ClefError
+
+    size = Path(path).stat().st_size
+    if size < 8:
+        raise ClefError(f"{path} is not a .tflite model: {size} bytes")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        return bytes(mm[:_data_start(mm)])
+        why = truncation(mm, size)
+        if why is None:
+            return bytes(mm[:_data_start(mm)])
+    raise ClefError(f"{path} is truncated or damaged: {why}")
 
 
 def _head_of(model) -> bytes:

@@ -1,7 +1,6 @@
 """DVC stage `export` (one per L): the row graph of the patched fp32 stack under the form, converted
 with litert_torch -> artifacts/rows/row_L{L}.tflite, with provenance metadata inside."""
 import argparse
-import json
 
 from scripts import atomic, clef_kernel, clef_qwen35_patch, export, layout, metrics, params, row_graph, snapshot
 from scripts.clef_host import Host
@@ -17,7 +16,7 @@ def main() -> None:
     form = clef_kernel.parse(p["form"])
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
-    text = json.loads((path / "config.json").read_text())["text_config"]
+    text = snapshot.text_config(path)
     export.check_exportable(form, length, text["max_position_embeddings"])
 
     clock = Stopwatch()

@@ -1,7 +1,6 @@
 """DVC stage `export_pair` (one per pair): artifacts/pairs/pair_P{P}_S{S}.tflite with two signatures,
 `prefix` and `suffix`, over one copy of the weights, with provenance metadata inside."""
 import argparse
-import json
 
 import torch
 
@@ -20,7 +19,7 @@ def main() -> None:
     form = clef_kernel.parse(p["form"])
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
-    text = json.loads((path / "config.json").read_text())["text_config"]
+    text = snapshot.text_config(path)
     for n in (a.prefix, a.suffix):
         export.check_exportable(form, n, text["max_position_embeddings"])
     if a.prefix + a.suffix > text["max_position_embeddings"]:

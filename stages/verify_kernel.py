@@ -2,7 +2,6 @@
 checkpoint's GatedDeltaNet head counts -> results/kernel.json. Fails, naming the row, when the
 configured form's fp32 error crosses a bound (global or per position), when it is not finite in fp16
 in some regime, or when its memory-cut control does not break the bound by controls.min_over_threshold."""
-import json
 
 from scripts import atomic, clef_kernel, compare, kernel_check, layout, metrics, params, snapshot
 from scripts.errors import ClefError, run_stage
@@ -17,8 +16,7 @@ def main() -> None:
     if form not in forms:
         forms.append(form)
     rec = snapshot.load_record()
-    config = snapshot.verify(rec, names=["config.json"]) / "config.json"
-    text = json.loads(config.read_text())["text_config"]
+    text = snapshot.text_config(snapshot.verify(rec, names=["config.json"]))
     heads = {"k": text["linear_num_key_heads"], "v": text["linear_num_value_heads"],
              "k_dim": text["linear_key_head_dim"], "v_dim": text["linear_value_head_dim"]}
     rows = kernel_check.check(heads, forms, control_form=form)

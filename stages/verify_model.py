@@ -1,7 +1,6 @@
 """DVC stage `verify_model`: the row graph (patched stack + form) against the stock twin at every L,
 and causality -> results/model.json. Fails, naming the row, past a bound (global or per position),
 or when the memory-cut control does not break the global bound by controls.min_over_threshold."""
-import json
 
 from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, layout, metrics, model_check, params
 from scripts import snapshot
@@ -17,7 +16,7 @@ def main() -> None:
     min_over = params.min_over_threshold(p)
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
-    vocab = json.loads((path / "config.json").read_text())["text_config"]["vocab_size"]
+    vocab = snapshot.text_config(path)["vocab_size"]
     model, _, _ = clef_qwen35_patch.load(path, form)
     rows = model_check.model_rows(model, Host(path), lengths, vocab)
     control = compare.worst(rows, "control_memory_cut_rel_vs_stock_f64")

@@ -205,6 +205,50 @@ def test_clef_verify_names_a_tampered_file(release_copy, tamper, named):
     assert proc.returncode == 1 and f"FAIL {named}" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("where, path, named", [
+    ("artifact", "/abs/row_L64.tflite", "manifest graph path '/abs/row_L64.tflite' is absolute"),
+    ("artifact", "../elsewhere/row_L64.tflite", "climbs out with '..'"),
+    ("reference", "../other/checks/row_L64.safetensors", "manifest reference record path '../other/checks/row_L64.safetensors' climbs out"),
+    ("reference", "/etc/passwd", "manifest reference record path '/etc/passwd' is absolute"),
+    ("file", "../outside.txt", "manifest path '../outside.txt' climbs out"),
+    ("symlink", "rows/link.tflite", "manifest graph path 'rows/link.tflite' leaves the release through a symlink"),
+    ("unlisted", "rows/row_L64.tflite", "is not listed in `files`"),
+])
+def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, where, path, named):
+    """Every manifest path must be relative, inside the release and hashed: checked before any file is
+    hashed or any graph loaded (a graph outside, not hashed, would otherwise run instead of the real one)."""
+    manifest = json.loads((release_copy / release.MANIFEST).read_text())
+    arts = manifest["artifacts"]
+    if where == "artifact":
+        arts[path] = arts.pop("rows/row_L64.tflite")
+    elif where == "reference":
+        arts["rows/row_L64.tflite"]["reference"]["file"] = path
+    elif where == "file":
+        manifest["files"][path] = {"sha256": "0" * 64, "size": 1}
+    elif where == "symlink":
+        outside = tmp_path / "outside.tflite"
+        outside.write_bytes((release_copy / "rows/row_L64.tflite").read_bytes())
+        (release_copy / path).symlink_to(outside)
+        manifest["files"][path] = {"sha256": release.sha256_file(outside), "size": outside.stat().st_size}
+        arts[path] = arts.pop("rows/row_L64.tflite")
+    else:
+        del manifest["files"][path]
+    atomic.write_json(release_copy / release.MANIFEST, manifest)
+    proc = clef(release_copy.parent, "verify", str(release_copy))
+    assert proc.returncode == 1 and f"FAIL {named}" in proc.stdout, proc.stdout
+    assert "hashing" not in proc.stderr and "reference record in the interpreter" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("cut", [16, 32, 1000])
+def test_clef_audit_refuses_a_truncated_graph(built, tmp_path, cut):
+    data = (built / "rows/row_L64.tflite").read_bytes()
+    short = tmp_path / "row_L64.tflite"
+    short.write_bytes(data[:-cut])
+    proc = clef(tmp_path, "audit", str(short))
+    assert proc.returncode == 2 and "is truncated or damaged" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+
+
 def test_clef_verify_runs_the_reference_records(release_copy):
     """An altered expectation (hash updated in the manifest too) fails on the interpreter's figure."""
     from safetensors.torch import load_file, save_file

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from safetensors.torch import load_file, save_file
 
 from scripts import atomic, snapshot
@@ -79,6 +81,35 @@ def test_pickle_checkpoint_refused(workdir):
     rerecord(workdir)
     assert_one_line_error(run_stage("stack", workdir), "pytorch_model.bin", "pickle", "safetensors")
     assert not (workdir / "results" / "stack.json").exists()
+
+
+@pytest.mark.parametrize("stage", ["stack", "verify_kernel"])
+@pytest.mark.parametrize("content, fragment", [
+    (b'{"text_config": {"hidden_size": 128,', "config.json is not valid JSON"),
+    (b'[1, 2]', "config.json holds a list, not a JSON object"),
+    (b'{"architectures": ["X"]}', "config.json has no text_config object"),
+])
+def test_unreadable_config_is_one_line(workdir, stage, content, fragment):
+    """A snapshot whose config.json does not parse (its record updated to match): one line, no traceback."""
+    path, _ = snapshot_path(workdir)
+    (path / "config.json").unlink()  # a hard link into the shared cache: replace, do not write through
+    (path / "config.json").write_bytes(content)
+    rerecord(workdir)
+    assert_one_line_error(run_stage(stage, workdir), fragment)
+
+
+def test_unreadable_tokenizer_config_is_one_line(tiny_snapshot, tmp_path):
+    import shutil
+
+    from scripts.clef_host import Host
+    from scripts.errors import ClefError
+
+    copy = tmp_path / "snap"
+    shutil.copytree(tiny_snapshot, copy)
+    (copy / "tokenizer_config.json").unlink()
+    (copy / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ClefError, match="tokenizer_config.json is not valid JSON"):
+        Host(copy).encode("a decision")
 
 
 def test_no_snapshot_record(workdir):

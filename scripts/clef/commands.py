@@ -115,8 +115,10 @@ def verify(args) -> int:
     if not root.is_dir():
         raise ClefError(f"{root} is not a directory")
     manifest = release.load_manifest(root)
-    progress(f"verify {root}: hashing {len(manifest['files'])} files")
-    problems = release.check_files(root, manifest)
+    problems = release.check_paths(root, manifest)
+    if not problems:
+        progress(f"verify {root}: hashing {len(manifest['files'])} files")
+        problems = release.check_files(root, manifest)
     if problems:
         for line in problems:
             print(f"FAIL {line}")
@@ -207,7 +209,9 @@ def audit(args) -> int:
         raise ClefError(f"no file {path}")
     try:
         meta = tflite_file.read_metadata(path)
-    except Exception:  # noqa: BLE001  (any parse failure means the same thing to the user)
+    except ClefError:  # truncated or damaged, named by tflite_file
+        raise
+    except Exception:  # noqa: BLE001  (any other parse failure means the same thing to the user)
         raise ClefError(f"{path} is not a readable .tflite flatbuffer") from None
     if meta is None:
         raise ClefError(f"{path} has no clef_litert metadata: it was not produced by clef-litert")
