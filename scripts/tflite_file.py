@@ -25,6 +25,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
 METADATA_NAME = "clef_litert"
+FILE_IDENTIFIER = b"TFL3"  # bytes 4-8 of every TFLite flatbuffer
 # Ops a graph must not hold, with who refuses them: the census gate (`violations`) fails an export and
 # a verify stage on any of them. BROADCAST_TO passes the interpreter and LiteRT's ModelAnalyzer in GPU
 # mode, but the GPU accelerator refuses it (and with it the whole graph, GPU-only): learned by verify_gpu.
@@ -95,8 +96,10 @@ def read_head(path) -> bytes:
 
     size = Path(path).stat().st_size
     if size < 8:
-        raise ClefError(f"{path} is not a .tflite model: {size} bytes")
+        raise ClefError(f"{path} is not a readable .tflite model: {size} bytes")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[4:8] != FILE_IDENTIFIER:
+            raise ClefError(f"{path} is not a readable .tflite model: no {FILE_IDENTIFIER.decode()} identifier")
         why = truncation(mm, size)
         if why is None:
             return bytes(mm[:_data_start(mm)])
