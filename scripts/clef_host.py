@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from scripts.errors import ClefError
-from scripts.snapshot import read_json, text_config
+from scripts.snapshot import check_tokenizer, read_json, text_config
 
 PREFIX = "model.language_model."
 
@@ -113,9 +113,7 @@ class Host:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            for name in ("tokenizer_config.json", "tokenizer.json"):  # unparsable: one line, not a traceback
-                if (self.snapshot / name).is_file():
-                    read_json(self.snapshot / name)
+            check_tokenizer(self.snapshot)  # unparsable: one line, not a traceback
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.snapshot))
         return self._tokenizer
 
@@ -165,7 +163,7 @@ class PairRunner:
 
     def __init__(self, host: Host, prefix_fn, suffix_fn, prefix_len: int, suffix_len: int, form: str,
                  state_shapes: dict):
-        from scripts.clef_kernel import parse
+        from scripts.kernel_form import parse
 
         self.host, self.prefix_fn, self.suffix_fn = host, prefix_fn, suffix_fn
         self.P, self.S, self.form, self.vs = prefix_len, suffix_len, form, parse(form).vs

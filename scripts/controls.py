@@ -15,26 +15,26 @@ from __future__ import annotations
 
 import contextlib
 
-from scripts import clef_kernel
+from scripts import clef_kernel, kernel_form
 from scripts.clef_qwen35_patch import ClefGatedDeltaNet
 
 
-def _form(form) -> clef_kernel.Form:
-    return clef_kernel.parse(form) if isinstance(form, str) else form
+def _form(form) -> kernel_form.Form:
+    return kernel_form.parse(form) if isinstance(form, str) else form
 
 
-def memory_cut_kernel(form: clef_kernel.Form | str):
+def memory_cut_kernel(form: kernel_form.Form | str):
     """The form's kernel with the state zeroed at each chunk boundary (clef_kernel's carry_state)."""
     return clef_kernel.make_kernel(_form(form), carry_state=False)
 
 
-def memory_cut_applies(form: clef_kernel.Form | str, length: int) -> bool:
+def memory_cut_applies(form: kernel_form.Form | str, length: int) -> bool:
     """Whether a record of `length` tokens has a chunk boundary under `form` for the fault to cut."""
     return length > _form(form).chunk
 
 
 @contextlib.contextmanager
-def memory_cut(model, form: clef_kernel.Form | str):
+def memory_cut(model, form: kernel_form.Form | str):
     """Inside the block every GatedDeltaNet of `model` runs memory_cut_kernel(form); restored on exit."""
     kernel = memory_cut_kernel(form)
     layers = clef_kernel.gated_deltanets(model)

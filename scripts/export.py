@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from scripts import provenance, tflite_file
-from scripts.clef_kernel import Form
+from scripts import kernel_form, params, provenance, tflite_file
+from scripts.kernel_form import Form
 from scripts.errors import ClefError
 
 DEFAULT_SIGNATURE = "serving_default"  # the name litert_torch.convert gives a lone signature
@@ -27,12 +27,8 @@ def check_exportable(form: Form, length: int, max_positions: int) -> None:
     """Refuse, before any conversion, what the exporter cannot turn into a delegate-ready graph."""
     if not isinstance(length, int) or length <= 0:
         raise ClefError(f"L={length!r} is not a positive integer")
-    if length > max_positions:
-        raise ClefError(f"L={length} is above the model's max_position_embeddings ({max_positions})")
-    if form.loop:
-        raise ClefError(f"form {form} cannot be exported: the loop inverse unrolls ~1,000 ops per layer; use R<n>")
-    if not form.dd:
-        raise ClefError(f"form {form} cannot be exported: cumsum lowers to CUMSUM, which GPU delegates reject; add dd")
+    params.within_context(f"L={length}", length, max_positions)
+    kernel_form.check_exportable(form)
 
 
 def convert(module: torch.nn.Module, sample_kwargs: dict, path: Path) -> None:

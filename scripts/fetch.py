@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scripts import atomic
 from scripts.errors import ClefError
-from scripts.snapshot import CHUNK, record, sha256_file, snapshot_dir
+from scripts.snapshot import CHUNK, check_readable, record, sha256_file, snapshot_dir
 
 # The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer.
 HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
@@ -244,5 +244,6 @@ def fetch(model: dict, cache: Path = Path("hf")) -> dict:
         repo, revision = download_hub(partial, model["repo"], model["revision"])
     else:
         raise ClefError(f"unknown model.source {model['source']!r}")
+    check_readable(snapshot_dir(partial, repo, revision))  # refused before it replaces hf/
     atomic.swap_in_dir(partial, cache)
     return record(snapshot_dir(cache, repo, revision), model["source"], repo, revision)

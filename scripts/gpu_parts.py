@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scripts import atomic, clef_host, clef_kernel, clef_qwen35_patch, compare, export, gpu_accelerator, model_check
+from scripts import atomic, clef_host, clef_kernel, clef_qwen35_patch, compare, export, gpu_accelerator, kernel_form, model_check
 from scripts import snapshot
 from scripts.row_graph import ClefRowPrefill
 
@@ -187,7 +187,7 @@ def capture(model, host, length: int, seed: int) -> dict:
             "a": a, "q": q, "k": k, "v": v, "g": g, "core": core}
 
 
-def kernel_pieces(c: dict, form: clef_kernel.Form) -> dict:
+def kernel_pieces(c: dict, form: kernel_form.Form) -> dict:
     """The kernel's intermediate tensors for the captured inputs, as make_kernel computes them (fp32)."""
     const = clef_kernel.chunk_constants(form.chunk)
     length, h, dk = c["k"].shape[1:]
@@ -263,7 +263,7 @@ def recurrence(m, u, w, q_decayed, intra, k_tail, carry):
 
 def kernel_parts(c: dict) -> dict:
     """The chunk kernel of FORM piece by piece, then whole, then the gated norm after it."""
-    form = clef_kernel.parse(FORM)
+    form = kernel_form.parse(FORM)
     const = clef_kernel.chunk_constants(form.chunk)
     kern = clef_kernel.make_kernel(form)
     p = kernel_pieces(c, form)

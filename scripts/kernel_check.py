@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from scripts import clef_kernel, compare
+from scripts import clef_kernel, compare, kernel_form
 
 REGIMES = ("R1", "R2", "R3", "R4", "R5")
 GATE_A_MAX = 20.0  # R5's |a|: exp(20) ~ 5e8 is far past fp16's 65504
@@ -149,7 +149,7 @@ def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = No
                                  "finite": finite(out_s, state_s)},
                        "forms": {}}
                 for text in forms:
-                    form = clef_kernel.parse(text)
+                    form = kernel_form.parse(text)
                     out, state = run_form(form, inputs)
                     out16, state16 = run_form(form, inputs, dtype=torch.float16)
                     entry = {**form_figures(out, state, out_t, state_t, "vs_f64"),
@@ -252,7 +252,7 @@ def bench(form: str, heads: int, head_dim: int, lengths, repeats: int) -> dict:
     """The form's kernel vs transformers' stock kernel: median time ratio and export node counts."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule as stock_kernel
 
-    kernel = clef_kernel.make_kernel(clef_kernel.parse(form))
+    kernel = clef_kernel.make_kernel(kernel_form.parse(form))
     rows = []
     for length in lengths:
         gen = torch.Generator().manual_seed(length)

@@ -19,6 +19,10 @@ GPU = RESULTS / "gpu"  # verify_gpu's detailed records, a directory of their own
 RUNTIME = RESULTS / "runtime"  # each stage's time and peak memory (scripts/measure.py); not DVC outputs
 BENCH = RESULTS / "bench.json"
 REAL_WIDTH = Path("artifacts/real-width")  # the real-width run's own workspace (make real-width)
+# What the two check stages leave when params.yaml passes: constant text, so valid edits change nothing
+# downstream; every stage depends on the first, every stage that reads lengths or pairs on the second.
+PARAMS_CHECKED = RESULTS / "checked" / "params.txt"
+LENGTHS_CHECKED = RESULTS / "checked" / "lengths.txt"
 
 
 def row_name(length: int) -> str:

@@ -187,7 +187,7 @@ class PairSuffix(nn.Module):
 
 def contract(model, prefix: int, suffix: int, form: str) -> dict:
     """What the pair's two signatures take and give, with the state's scale."""
-    from scripts.clef_kernel import parse
+    from scripts.kernel_form import parse
     from scripts.row_graph import CONTRACT_VERSION, rotary_width
 
     h, r = model.config.hidden_size, rotary_width(model.config)

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from scripts import atomic
+from scripts import atomic, params
 from scripts.errors import ClefError
 from scripts.snapshot import file_digest, sha256_file  # noqa: F401  (sha256_file: part of this module's API)
 
@@ -34,7 +34,6 @@ CARD = "README.md"
 HOST_TENSORS = {"embed_tokens": "model.language_model.embed_tokens.weight", "lm_head": "lm_head.weight"}
 HOST_WEIGHTS = "host/model.safetensors"
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
-HOST_WEIGHT_MODES = ("include", "reference")
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -47,9 +46,7 @@ def md5_file(path: Path) -> str:
 
 
 def check_host_weights(mode) -> str:
-    if mode not in HOST_WEIGHT_MODES:
-        raise ClefError(f"params.yaml: release.host_weights {mode!r} is not one of {', '.join(HOST_WEIGHT_MODES)}")
-    return mode
+    return params.SCHEMA["release"]({"host_weights": mode}, "release")["host_weights"]
 
 
 def tensor_sha256(t: torch.Tensor) -> str:

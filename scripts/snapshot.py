@@ -18,6 +18,7 @@ from scripts.errors import ClefError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 CHUNK = 1 << 24
+TOKENIZER_JSON = ("tokenizer_config.json", "tokenizer.json")  # what the host reads to encode a prompt
 
 
 def snapshot_dir(cache: Path, repo: str, revision: str) -> Path:
@@ -80,6 +81,28 @@ def text_config(snapshot: str | Path) -> dict:
     if not isinstance(text, dict):
         raise ClefError(f"{path} has no text_config object: not a Qwen3.5 checkpoint")
     return text
+
+
+def max_positions(snapshot: str | Path) -> int:
+    """The model's context (config.json's text_config.max_position_embeddings): no graph is longer."""
+    n = text_config(snapshot).get("max_position_embeddings")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ClefError(f"{Path(snapshot) / 'config.json'}: text_config.max_position_embeddings {n!r} is not a positive integer")
+    return n
+
+
+def check_readable(snapshot: str | Path) -> None:
+    """The JSON files our code reads parse, and config.json has the context the checks need: a
+    snapshot that fails is refused by the fetch stage, before any later stage removes an output."""
+    max_positions(snapshot)
+    check_tokenizer(snapshot)
+
+
+def check_tokenizer(snapshot: str | Path) -> None:
+    """The tokenizer's JSON files that are present parse (transformers would raise a traceback)."""
+    for name in TOKENIZER_JSON:
+        if (Path(snapshot) / name).is_file():
+            read_json(Path(snapshot) / name)
 
 
 def load_record(path: str | Path = "results/snapshot.json") -> dict:

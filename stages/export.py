@@ -2,7 +2,7 @@
 with litert_torch -> artifacts/rows/row_L{L}.tflite, with provenance metadata inside."""
 import argparse
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, export, layout, metrics, params, row_graph, snapshot
+from scripts import atomic, clef_qwen35_patch, export, kernel_form, layout, metrics, params, row_graph, snapshot
 from scripts.clef_host import Host
 from scripts.errors import run_stage
 from scripts.measure import Stopwatch, peak_rss_bytes
@@ -13,11 +13,10 @@ def main() -> None:
     ap.add_argument("--length", type=int, required=True)
     length = ap.parse_args().length
     p = params.load(["form"])
-    form = clef_kernel.parse(p["form"])
+    form = kernel_form.parse(p["form"])
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
-    text = snapshot.text_config(path)
-    export.check_exportable(form, length, text["max_position_embeddings"])
+    export.check_exportable(form, length, snapshot.max_positions(path))
 
     clock = Stopwatch()
     model, _, _ = clef_qwen35_patch.load(path, str(form))

@@ -5,7 +5,7 @@ interpreter latency; then the LiteRT vs torch latency of every exported L (artif
 of interleaved rounds). A benchmark, never a test: these machines are noisy."""
 import json
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, conversion_bench, layout, metrics, model_check, params
+from scripts import atomic, clef_qwen35_patch, conversion_bench, kernel_form, layout, metrics, model_check, params
 from scripts import row_graph, snapshot, tflite_check, tflite_file
 from scripts.clef_host import Host
 from scripts.errors import run_stage
@@ -13,8 +13,8 @@ from scripts.errors import run_stage
 
 def main() -> None:
     p = params.load(["form", "lengths"])
-    form = str(clef_kernel.parse(p["form"]))
-    lengths = params.check_lengths(p["lengths"])
+    form = str(kernel_form.parse(p["form"]))
+    lengths = p["lengths"]
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     stock = json.loads(tflite_file.read_artifact(layout.result_path("export_stock"), "export_stock"))

@@ -4,9 +4,9 @@ import argparse
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, export, layout, metrics, pair_graph, params, snapshot
+from scripts import atomic, clef_qwen35_patch, export, kernel_form, layout, metrics, pair_graph, params, snapshot
 from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.errors import run_stage
 from scripts.measure import Stopwatch, peak_rss_bytes
 
 
@@ -16,14 +16,13 @@ def main() -> None:
     ap.add_argument("--suffix", type=int, required=True)
     a = ap.parse_args()
     p = params.load(["form"])
-    form = clef_kernel.parse(p["form"])
+    form = kernel_form.parse(p["form"])
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
-    text = snapshot.text_config(path)
+    max_positions = snapshot.max_positions(path)
     for n in (a.prefix, a.suffix):
-        export.check_exportable(form, n, text["max_position_embeddings"])
-    if a.prefix + a.suffix > text["max_position_embeddings"]:
-        raise ClefError(f"P + S = {a.prefix + a.suffix} is above max_position_embeddings ({text['max_position_embeddings']})")
+        export.check_exportable(form, n, max_positions)
+    params.within_context(f"P + S = {a.prefix + a.suffix}", a.prefix + a.suffix, max_positions)
 
     clock = Stopwatch()
     model, _, _ = clef_qwen35_patch.load(path, str(form))

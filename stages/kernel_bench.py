@@ -1,13 +1,13 @@
 """DVC stage `kernel_bench`: the form's kernel vs the stock loop kernel in torch at clef-flash's head
 sizes -> results/kernel_bench.json (median time ratio in one run, torch.export node counts).
 A benchmark figure, never a test: these machines are noisy."""
-from scripts import atomic, clef_kernel, kernel_check, layout, metrics, params
+from scripts import atomic, kernel_check, kernel_form, layout, metrics, params
 from scripts.errors import run_stage
 
 
 def main() -> None:
     p = params.load(["form", "kernel_bench"])
-    form = str(clef_kernel.parse(p["form"]))
+    form = str(kernel_form.parse(p["form"]))
     b = p["kernel_bench"]
     doc = kernel_check.bench(form, int(b["heads"]), int(b["head_dim"]), [int(x) for x in b["lengths"]], int(b["repeats"]))
     atomic.write_json(layout.result_path("kernel_bench"), doc)

@@ -9,7 +9,7 @@ record, one whose error is over the threshold its verify stage held it to.
 import json
 import shutil
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, layout, model_check, params, provenance
+from scripts import atomic, clef_qwen35_patch, kernel_form, layout, model_check, params, provenance
 from scripts import release, release_card, row_graph, snapshot, tflite_file
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
@@ -22,8 +22,8 @@ def planned(p: dict) -> list[dict]:
     out = [{"kind": "row", "shape": {"L": n}, "path": layout.row_path(n), "gpu": layout.gpu_name(n),
             "checks": [f"tflite_L{n}", f"export_L{n}", layout.gpu_name(n)],
             "bounds": params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))}
-           for n in params.check_lengths(p["lengths"])]
-    for q in params.check_pairs(p["pairs"]):
+           for n in p["lengths"]]
+    for q in p["pairs"]:
         name = layout.pair_name(q["prefix"], q["suffix"])
         gpu = layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"])
         out.append({"kind": "pair", "shape": {"P": q["prefix"], "S": q["suffix"]}, "gpu": gpu,
@@ -90,7 +90,7 @@ def reference_record(it: dict, model, host: Host) -> dict:
 
 def main() -> None:
     p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
-    form = str(clef_kernel.parse(p["form"]))
+    form = str(kernel_form.parse(p["form"]))
     mode = release.check_host_weights(p["release"]["host_weights"])
     items = planned(p)
     rec = snapshot.load_record()

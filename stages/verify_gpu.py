@@ -5,7 +5,7 @@ graph, on a refused op (with the signature that holds it), a partial acceleratio
 output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
 import argparse
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, gpu_accelerator, gpu_check, layout, metrics, model_check
+from scripts import atomic, clef_qwen35_patch, gpu_accelerator, gpu_check, kernel_form, layout, metrics, model_check
 from scripts import pair_graph, params, snapshot, tflite_check, tflite_file
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
@@ -20,7 +20,7 @@ def main() -> None:
     if (a.length is None) == (a.prefix is None or a.suffix is None):
         raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
     p = params.load(["form", "verify_gpu"])
-    form = str(clef_kernel.parse(p["form"]))
+    form = str(kernel_form.parse(p["form"]))
     bounds = gpu_check.limits(p["verify_gpu"])
     limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
     is_row = a.length is not None

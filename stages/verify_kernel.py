@@ -3,14 +3,14 @@ checkpoint's GatedDeltaNet head counts -> results/kernel.json. Fails, naming the
 configured form's fp32 error crosses a bound (global or per position), when it is not finite in fp16
 in some regime, or when its memory-cut control does not break the bound by controls.min_over_threshold."""
 
-from scripts import atomic, clef_kernel, compare, kernel_check, layout, metrics, params, snapshot
+from scripts import atomic, compare, kernel_check, kernel_form, layout, metrics, params, snapshot
 from scripts.errors import ClefError, run_stage
 
 
 def main() -> None:
     p = params.load(["form", "verify_kernel", "controls"])
-    form = str(clef_kernel.parse(p["form"]))
-    forms = [str(clef_kernel.parse(f)) for f in p["verify_kernel"]["forms"]]
+    form = str(kernel_form.parse(p["form"]))
+    forms = [str(kernel_form.parse(f)) for f in p["verify_kernel"]["forms"]]
     limits = params.bounds(p, "verify_kernel", ("rel_vs_f64", "rel_per_position_vs_f64"))
     min_over = params.min_over_threshold(p)
     if form not in forms:

@@ -2,13 +2,13 @@
 against transformers' stock class -> results/layers.json. Fails, naming the row, past a bound (global
 or per position), or when the memory-cut control does not break the global bound by
 controls.min_over_threshold."""
-from scripts import atomic, clef_kernel, compare, layout, metrics, model_check, params, snapshot, text_stack
+from scripts import atomic, compare, kernel_form, layout, metrics, model_check, params, snapshot, text_stack
 from scripts.errors import ClefError, run_stage
 
 
 def main() -> None:
     p = params.load(["form", "verify_layers", "controls"])
-    form = str(clef_kernel.parse(p["form"]))
+    form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_layers", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64"))
     min_over = params.min_over_threshold(p)
     rec = snapshot.load_record()

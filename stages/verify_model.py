@@ -2,7 +2,7 @@
 and causality -> results/model.json. Fails, naming the row, past a bound (global or per position),
 or when the memory-cut control does not break the global bound by controls.min_over_threshold."""
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, layout, metrics, model_check, params
+from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, model_check, params
 from scripts import snapshot
 from scripts.clef_host import Host
 from scripts.errors import ClefError, run_stage
@@ -10,8 +10,8 @@ from scripts.errors import ClefError, run_stage
 
 def main() -> None:
     p = params.load(["form", "lengths", "verify_model", "controls"])
-    form = str(clef_kernel.parse(p["form"]))
-    lengths = params.check_lengths(p["lengths"])
+    form = str(kernel_form.parse(p["form"]))
+    lengths = p["lengths"]
     limits = params.bounds(p, "verify_model", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_causality"))
     min_over = params.min_over_threshold(p)
     rec = snapshot.load_record()

@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, layout, metrics, pair_check, pair_graph
+from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, pair_check, pair_graph
 from scripts import params, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host, PairRunner, litert_signature
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--suffix", type=int, required=True)
     a = ap.parse_args()
     p = params.load(["form", "verify_pair", "controls"])
-    form = str(clef_kernel.parse(p["form"]))
+    form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_pair", ("rel_vs_row", "rel_per_position_vs_row", "rel_state_vs_stock_f64",
                                               "rel_per_position_state_vs_stock_f64"))
     limit = limits["rel_vs_row"]

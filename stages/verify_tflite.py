@@ -6,7 +6,7 @@ when the memory-cut control (the torch graph with the fault, against the file) d
 global bound by controls.min_over_threshold."""
 import argparse
 
-from scripts import atomic, clef_kernel, clef_qwen35_patch, compare, layout, metrics, model_check, params
+from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, model_check, params
 from scripts import row_graph, snapshot
 from scripts import tflite_check, tflite_file
 from scripts.clef_host import Host
@@ -18,7 +18,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, required=True)
     length = ap.parse_args().length
     p = params.load(["form", "verify_tflite", "controls"])
-    form = str(clef_kernel.parse(p["form"]))
+    form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
     limit = limits["rel_vs_torch"]
     min_over = params.min_over_threshold(p)

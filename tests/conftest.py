@@ -88,9 +88,13 @@ def tool_env() -> dict:
     return env
 
 
-def dvc(cwd: Path, *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=tool_env(), capture_output=True,
+def dvc_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=tool_env(), capture_output=True,
                           text=True, timeout=3600)
+
+
+def dvc(cwd: Path, *args: str) -> str:
+    proc = dvc_run(cwd, *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

@@ -1,4 +1,5 @@
-"""The kernel forms: grammar, each part's effect in isolation, and the export-graph rules."""
+"""The kernel forms: each part's effect in isolation, and the export-graph rules (the grammar:
+tests/test_kernel_form.py)."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scripts import clef_kernel as K
-from scripts import compare, kernel_check
+from scripts import compare, kernel_check, kernel_form
 from scripts.errors import ClefError
 
 HEADS = {"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}
@@ -18,54 +19,8 @@ def inputs(name="R1", length=130, init=True, seed=0):
 
 
 def call(form, q, k, v, g, beta, s0=None):
-    kern = K.make_kernel(K.parse(form) if isinstance(form, str) else form)
+    kern = K.make_kernel(kernel_form.parse(form) if isinstance(form, str) else form)
     return kern(q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
-
-
-# --- grammar -------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("text", ["R64+sp+ec+dd+vs6", "loop", "R16", "R128+ec", "loop+sp+ec+dd+vs12", "R32+dd+vs1"])
-def test_canonical_strings_round_trip(text):
-    assert str(K.parse(text)) == text
-
-
-@pytest.mark.parametrize("text, canonical", [
-    ("vs6+dd+ec+sp+R64", "R64+sp+ec+dd+vs6"),  # any order in, canonical order out
-    ("R64+cumsum", "R64"),  # defaults are left out
-    ("R64+vs0", "R64"),
-])
-def test_parse_normalizes(text, canonical):
-    assert str(K.parse(text)) == canonical
-    assert K.parse(canonical) == K.parse(text)
-
-
-def test_parts_land_in_fields():
-    f = K.parse("R32+sp+ec+dd+vs6")
-    assert (f.chunk, f.loop, f.sp, f.ec, f.dd, f.vs, f.v_scale) == (32, False, True, True, True, 6, 64.0)
-    assert K.parse("loop") == K.STOCK
-
-
-@pytest.mark.parametrize("text, fragment", [
-    ("R64+xx", "unknown part 'xx'"),
-    ("R64+dd+cumsum", "'cumsum' conflicts"),
-    ("R64+vs2+vs3", "'vs3' conflicts"),
-    ("R64+loop", "'loop' conflicts"),
-    ("R64+sp+sp", "'sp' conflicts"),
-    ("sp+ec+dd", "no chunk part"),
-    ("R48+ec", "chunk 48 is not a power of two"),
-    ("R8", "chunk 8 is not a power of two from 16 to 128"),
-    ("R256", "chunk 256"),
-    ("R64+vs13", "vs13 is out of range"),
-    ("", "empty"),
-    ("R64++ec", "unknown part ''"),
-])
-def test_bad_forms_refused_in_one_line(text, fragment):
-    with pytest.raises(ClefError) as info:
-        K.parse(text)
-    message = str(info.value)
-    assert fragment in message and "\n" not in message
-    if "unknown" in fragment or "conflicts" in fragment or "no chunk" in fragment:
-        assert "valid parts: R<n>" in message
 
 
 # --- kernels against the references --------------------------------------------------------
@@ -113,7 +68,7 @@ def test_neumann_product_fails_where_block_inverse_holds():
 def test_release_form_matches_float64(regime):
     q, k, v, g, beta, s0 = inputs(regime, 200)
     out_t, state_t = kernel_check.recurrence_f64(q, k, v, g, beta, s0)
-    out, state = kernel_check.run_form(K.parse("R64+sp+ec+dd+vs6"), (q, k, v, g, beta, s0))
+    out, state = kernel_check.run_form(kernel_form.parse("R64+sp+ec+dd+vs6"), (q, k, v, g, beta, s0))
     assert compare.rel(out, out_t) < 1e-5 and compare.rel(state, state_t) < 1e-5
 
 
@@ -232,7 +187,7 @@ def test_log1p_series_keeps_small_arguments_that_log_of_one_plus_y_rounds_away()
 class KernelModule(torch.nn.Module):
     def __init__(self, form):
         super().__init__()
-        self.kernel = K.make_kernel(K.parse(form))
+        self.kernel = K.make_kernel(kernel_form.parse(form))
 
     def forward(self, q, k, v, g, beta, s0):
         return self.kernel(q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
@@ -289,7 +244,7 @@ def test_apply_switches_every_layer_and_reset_restores_exactly(stack):
         ref = stack(inputs_embeds=x, use_cache=False).last_hidden_state
         changed = K.apply(stack, "R64+sp+ec+dd+vs6")
         assert changed["layers"] == len(layers) == 6 and changed["norm_eps_scale"] == 4096
-        assert all(m.chunk_gated_delta_rule.form == K.parse("R64+sp+ec+dd+vs6") for m in layers)
+        assert all(m.chunk_gated_delta_rule.form == kernel_form.parse("R64+sp+ec+dd+vs6") for m in layers)
         assert all(m.norm.variance_epsilon == eps * 4096 for m, (_, eps) in zip(layers, before))
         formed = stack(inputs_embeds=x, use_cache=False).last_hidden_state
         assert K.reset(stack) == len(layers)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from scripts import controls, layout, tflite_file
-from tests.conftest import ROOT, clef, dvc, git
+from tests.conftest import ROOT, clef, dvc, dvc_run, git
 
 STAGES = {name: st.get("do", st) for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
 
@@ -70,6 +71,23 @@ def test_stage_declares_the_params_it_reads(name):
     if declares_whole_params_file(stage):  # the release records all of params.yaml, so depends on all of it
         return
     assert params_sections_read(entry) == set(stage.get("params", []))
+
+
+def test_every_stage_waits_for_the_params_checks():
+    """DVC removes a stage's outputs just before it runs it, so the checks must come first: every stage
+    depends on check_params's output, every stage that reads lengths or pairs (declared, iterated with
+    foreach, or the whole file) on check_lengths's too; both outputs are persistent (not removed)."""
+    raw = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    checked = {str(layout.PARAMS_CHECKED): "check_params", str(layout.LENGTHS_CHECKED): "check_lengths"}
+    for path, stage in checked.items():
+        assert STAGES[stage]["outs"] == [{path: {"persist": True}}], stage
+    for name, stage in STAGES.items():
+        if name == "check_params":
+            continue
+        assert str(layout.PARAMS_CHECKED) in stage["deps"], name
+        reads = {p for p in stage.get("params", []) if isinstance(p, str)} | {raw[name].get("foreach", "").strip("${}")}
+        if name != "check_lengths" and (reads & {"lengths", "pairs"} or declares_whole_params_file(stage)):
+            assert str(layout.LENGTHS_CHECKED) in stage["deps"], name
 
 
 def test_link_cache_configured():
@@ -171,6 +189,97 @@ def test_pipeline_end_to_end(pipeline):
         f.unlink()
 
 
+def outputs(repo: Path) -> dict[str, str]:
+    """Every file the pipeline wrote (hf/, artifacts/, results/, not the run records) -> sha256."""
+    return {str(f.relative_to(repo)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for top in ("hf", "artifacts", "results") for f in sorted((repo / top).rglob("*"))
+            if f.is_file() and layout.RUNTIME.name not in f.relative_to(repo).parts}
+
+
+def section(name: str, key: str, value):
+    return lambda p: p[name].update({key: value})
+
+
+# Issue 15: bad params.yaml edits that used to start work (or remove outputs) before being refused.
+# case -> (edit of the committed params, what the one `error:` line must say)
+BAD_PARAMS = {
+    "1-length-beyond-context": (lambda p: p.update(lengths=[64, 128, 256, 8192]),
+                                "length 8192 is above the model's max_position_embeddings (4096)"),
+    "1-huge-length": (lambda p: p.update(lengths=[100000]), "length 100000 is above the model's max_position_embeddings"),
+    "2-pair-extra-key": (lambda p: p["pairs"].append({"prefix": 32, "suffix": 32, "note": "x"}),
+                         "must be a mapping with exactly prefix and suffix"),
+    "2-pair-fractional": (lambda p: p["pairs"].append({"prefix": 64.5, "suffix": 64}), "prefix is not a positive integer"),
+    "2-pair-beyond-context": (lambda p: p["pairs"].append({"prefix": 4096, "suffix": 64}),
+                              "prefix + suffix = 4160 is above the model's max_position_embeddings"),
+    "3-loop-form": (lambda p: p.update(form="loop"), "form loop cannot be exported"),
+    "3-cumsum-form": (lambda p: p.update(form="R64+sp+ec+vs6"), "cumsum lowers to CUMSUM"),
+    "4-threshold-text": (section("verify_tflite", "max_rel_vs_torch", "x"),
+                         "verify_tflite.max_rel_vs_torch 'x' is not a positive number"),
+    "4-threshold-trailing": (section("verify_kernel", "max_rel_vs_f64", "1e-5x"), "max_rel_vs_f64 '1e-5x' is not a positive"),
+    "4-threshold-negative": (section("verify_pair", "max_rel_vs_row", -1e-4), "max_rel_vs_row -0.0001 is not a positive"),
+    "4-threshold-nan": (section("verify_model", "max_rel_causality", float("nan")), "max_rel_causality nan is not a positive"),
+    "4-latency-repeats-zero": (section("verify_tflite", "latency_repeats", 0), "latency_repeats 0 is not an integer >= 1"),
+    "4-bench-repeats-zero": (section("kernel_bench", "repeats", 0), "kernel_bench.repeats 0 is not an integer >= 1"),
+    "5-typo-section": (lambda p: p.update(lenghts=[64]), "unknown section lenghts; did you mean lengths?"),
+    "5-typo-key": (lambda p: p["verify_tflite"].update(latency_repeat=p["verify_tflite"].pop("latency_repeats")),
+                   "unknown key verify_tflite.latency_repeat; did you mean latency_repeats?"),
+    "9-host-weights": (section("release", "host_weights", "foo"), "release.host_weights 'foo' is not one of include, reference"),
+    "9-model-source": (section("model", "source", "local"), "model.source 'local' is not one of tiny, synthetic, hub"),
+    "9-model-revision": (section("model", "revision", "main"), "model.revision 'main' is not a full 40-hex commit id"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PARAMS))
+def test_bad_params_refused_before_any_output_is_removed(pipeline, case):
+    """`dvc repro` after a bad edit: exit non-zero, exactly one `error:` line naming the problem, and every
+    file the last good run wrote still there, byte for byte (check_params runs before any stage can
+    remove an output; check_lengths before any stage that reads lengths or pairs). Mended params rerun
+    nothing but the checks."""
+    repo = pipeline["repo"]
+    edit, fragment = BAD_PARAMS[case]
+    before = outputs(repo)
+    params = load_params(repo)
+    edit(params)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    try:
+        proc = dvc_run(repo, "repro")
+        said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error: ")]
+        assert proc.returncode != 0 and len(said) == 1 and fragment in said[0], (proc.returncode, said, proc.stderr[-2000:])
+        assert "Running stage 'check_" in proc.stdout and not set(re.findall(r"Running stage '(\w+)", proc.stdout)) - \
+            {"check_params", "check_lengths"}, proc.stdout
+        assert outputs(repo) == before
+    finally:
+        git(repo, "checkout", "--", "params.yaml")
+    ran = set(re.findall(r"Running stage '(\w+)", dvc(repo, "repro")))
+    assert ran <= {"check_params"} and "Data and pipelines are up to date." in dvc(repo, "status")
+    assert outputs(repo) == before
+
+
+# Refused by DVC itself while it reads dvc.yaml, before any stage runs (the README's "Bad input" quotes these).
+DVC_REFUSES = {
+    "2-pair-missing-key": (lambda text: text.replace("- {prefix: 64, suffix: 64}", "- {prefix: 64}"),
+                           "Could not find 'item.suffix'"),
+    "yaml-syntax": (lambda text: text.replace("lengths: [64, 128, 256]", "lengths: [64, 128, 256"),
+                    "YAML file structure is corrupted"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DVC_REFUSES))
+def test_dvc_refuses_what_it_cannot_parse(pipeline, case):
+    repo = pipeline["repo"]
+    edit, fragment = DVC_REFUSES[case]
+    before = outputs(repo)
+    text = (repo / "params.yaml").read_text()
+    assert edit(text) != text, "the edit no longer matches the committed params.yaml"
+    (repo / "params.yaml").write_text(edit(text))
+    try:
+        proc = dvc_run(repo, "repro")
+        assert proc.returncode != 0 and fragment in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "Running stage" not in proc.stdout and outputs(repo) == before
+    finally:
+        git(repo, "checkout", "--", "params.yaml")
+
+
 def tarfile_members(path: Path):
     import tarfile
 
@@ -260,7 +369,8 @@ def test_form_override_reaches_every_stage_that_reads_it(pulled_clone):
     for stage in reading("form", params):
         assert f"Running stage '{stage}'" in out, (stage, out[-3000:])
         assert lock[stage]["params"]["params.yaml"]["form"] == form, stage
-        assert any(records_form(repo / o["path"], form) for o in lock[stage]["outs"]), f"{stage} does not record {form}"
+        if stage != "check_params":  # its output is constant by design: it says only that the params passed
+            assert any(records_form(repo / o["path"], form) for o in lock[stage]["outs"]), f"{stage} does not record {form}"
     manifest = json.loads((repo / "artifacts/release/manifest.json").read_text())
     assert manifest["form"] == form and manifest["params"]["form"] == form
     assert [p.name for p in (repo / "artifacts/dist").glob("*.tar.gz")] == [f"{manifest['name']}.tar.gz"]

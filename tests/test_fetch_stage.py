@@ -35,7 +35,7 @@ def test_tiny_fetch_writes_snapshot_and_record(tmp_path, tiny_cache):
 
 
 @pytest.mark.parametrize("model, fragments", [
-    ({"source": "local"}, ["unknown model.source 'local'", "tiny, synthetic, hub"]),
+    ({"source": "local"}, ["model.source 'local' is not one of", "tiny, synthetic, hub"]),
     ({"revision": "main"}, ["model.revision 'main'", "40-hex"]),
     ({"revision": "f0b7d3cd"}, ["model.revision 'f0b7d3cd'", "40-hex"]),
     ({"revision": "F0B7D3CD65296ABFE459E6C228B618F5D8B26D2F"}, ["40-hex"]),

@@ -178,6 +178,29 @@ def test_corrupt_file_refused_and_not_trusted_by_the_rerun(work, hub, tiny_files
     assert len(hub.resolves("GET", "config.json")) == 1  # while a good file was not
 
 
+@pytest.mark.parametrize("name, content, fragment", [
+    ("config.json", b'{"text_config": {"hidden_size": 128,', "config.json is not valid JSON"),
+    ("config.json", b'{"text_config": {"hidden_size": 128}}', "max_position_embeddings None is not a positive integer"),
+    ("tokenizer_config.json", b"{not json", "tokenizer_config.json is not valid JSON"),
+])
+def test_unreadable_snapshot_json_refused_by_fetch(work, tiny_files, name, content, fragment):
+    """Issue 15 case 6: the hub's config.json or tokenizer config does not parse (the hub's listing
+    agrees with the bytes, so the download itself is sound). The fetch stage refuses it in one line,
+    exit 2, and the previous hf/ and record stay as they were: no later stage ever sees it."""
+    repo, files = tiny_files
+    previous = {work / "hf" / "kept.txt": b"the last good snapshot", work / "results" / "snapshot.json": b"{}"}
+    for path, data in previous.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    server = FakeHub(repo, {**files, name: content})
+    try:
+        assert_one_line_error(run_fetch(work, server), name, fragment)
+    finally:
+        server.close()
+    assert {path: path.read_bytes() for path in previous} == previous
+    assert sorted(p.name for p in (work / "hf").iterdir()) == ["kept.txt"]
+
+
 def test_no_room_refused_before_any_download(work, hub, tiny_files):
     repo, files = tiny_files
     huge = 10**15  # 1 PB

@@ -105,7 +105,7 @@ def test_tensor_hash_is_dtype_exact():
 ])
 def test_check_pairs(pairs, fragment):
     with pytest.raises(ClefError, match=fragment):
-        params.check_pairs(pairs)
+        params.check_section({"pairs": pairs}, "pairs")
 
 
 def test_release_stage_refuses_a_missing_graph_before_building(workdir):

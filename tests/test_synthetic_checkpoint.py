@@ -59,11 +59,11 @@ def test_layer_pattern_and_full_size():
 def test_bad_layer_count_refused(layers):
     model = {"source": "synthetic", "repo": "a/b", "revision": "0" * 40, "synthetic_layers": layers}
     with pytest.raises(ClefError, match="synthetic_layers"):
-        params.check_model(model)
+        params.check_section({"model": model}, "model")
 
 
 def test_layer_count_ignored_for_other_sources():
-    params.check_model({"source": "tiny", "repo": "a/b", "revision": "0" * 40})
+    params.check_section({"model": {"source": "tiny", "repo": "a/b", "revision": "0" * 40}}, "model")
 
 
 def test_gated_deltanet_keeps_memory_at_real_width(one_layer):
