@@ -31,18 +31,18 @@ test: env
 # The whole pipeline on the real-width synthetic checkpoint (clef-flash's widths, 4 layers) in its own
 # workspace, artifacts/real-width/, then results/bench.json. A benchmark: not part of `make test`.
 real-width: env
-	python -m scripts.real_width
+	python -m scripts.bench.real_width
 
 # results/bench.json again from the workspaces as they are (after make release and make real-width).
 bench: env
-	python -m scripts.bench --real-width artifacts/real-width
+	python -m scripts.bench.report --real-width artifacts/real-width
 
 # results/gpu_bench.json: the stock loop kernel and litert-torch's own GatedDeltaNet on the GPU
 # accelerator beside our form (after make release). A benchmark: not part of `make test`.
 gpu-bench: env
-	python -m scripts.gpu_bench
+	python -m scripts.bench.gpu_bench
 
 # results/gpu_parts.json: the first GatedDeltaNet taken apart on the GPU accelerator in fp16, one-op
 # graphs, and the split-K / series-log1p candidates measured (after make release). A benchmark.
 gpu-parts: env
-	python -m scripts.gpu_parts
+	python -m scripts.bench.gpu_parts

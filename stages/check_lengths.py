@@ -5,8 +5,9 @@ runs after fetch and before every stage that reads `lengths` or `pairs`: a graph
 model's context is refused in a second, not after minutes of work or an out-of-memory kill. Its
 output, like check_params's, is constant and persistent.
 """
-from scripts import atomic, layout, params, snapshot
-from scripts.errors import run_stage
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic, layout, params
+from scripts.pipeline.errors import run_stage
 
 
 def main() -> None:

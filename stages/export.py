@@ -2,10 +2,14 @@
 with litert_torch -> artifacts/rows/row_L{L}.tflite, with provenance metadata inside."""
 import argparse
 
-from scripts import atomic, clef_qwen35_patch, export, kernel_form, layout, metrics, params, row_graph, snapshot
-from scripts.clef_host import Host
-from scripts.errors import run_stage
-from scripts.measure import Stopwatch, peak_rss_bytes
+from scripts.checkpoint import snapshot
+from scripts.layers import kernel_form
+from scripts.litert import export
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.qwen35 import patch, row_graph
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import run_stage
+from scripts.pipeline.measure import Stopwatch, peak_rss_bytes
 
 
 def main() -> None:
@@ -19,7 +23,7 @@ def main() -> None:
     export.check_exportable(form, length, snapshot.max_positions(path))
 
     clock = Stopwatch()
-    model, _, _ = clef_qwen35_patch.load(path, str(form))
+    model, _, _ = patch.load(path, str(form))
     graph = row_graph.ClefRowPrefill(model, length)
     sample = Host(path).record([0], length)
     contract = row_graph.contract(model.config, length, str(form))

@@ -4,10 +4,14 @@ import argparse
 
 import torch
 
-from scripts import atomic, clef_qwen35_patch, export, kernel_form, layout, metrics, pair_graph, params, snapshot
-from scripts.clef_host import Host
-from scripts.errors import run_stage
-from scripts.measure import Stopwatch, peak_rss_bytes
+from scripts.checkpoint import snapshot
+from scripts.layers import kernel_form
+from scripts.litert import export
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import run_stage
+from scripts.pipeline.measure import Stopwatch, peak_rss_bytes
 
 
 def main() -> None:
@@ -25,7 +29,7 @@ def main() -> None:
     params.within_context(f"P + S = {a.prefix + a.suffix}", a.prefix + a.suffix, max_positions)
 
     clock = Stopwatch()
-    model, _, _ = clef_qwen35_patch.load(path, str(form))
+    model, _, _ = patch.load(path, str(form))
     host = Host(path)
     prefix = pair_graph.PairPrefix(model, a.prefix).eval()
     suffix = pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()

@@ -1,9 +1,11 @@
 """DVC stage `export_stock`: the L=64 row graph converted with the stock `loop` kernel (transformers'
 algorithm op for op, constant identity so it loads) -> results/export_stock.json: the baseline the
 form is measured against in export_bench. It reads no form, so trying a new form does not redo it."""
-from scripts import atomic, conversion_bench, layout, snapshot
-from scripts.clef_host import Host
-from scripts.errors import run_stage
+from scripts.bench.report import conversion_bench
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic, layout
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import run_stage
 
 
 def main() -> None:

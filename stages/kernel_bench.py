@@ -1,8 +1,10 @@
 """DVC stage `kernel_bench`: the form's kernel vs the stock loop kernel in torch at clef-flash's head
 sizes -> results/kernel_bench.json (median time ratio in one run, torch.export node counts).
 A benchmark figure, never a test: these machines are noisy."""
-from scripts import atomic, kernel_check, kernel_form, layout, metrics, params
-from scripts.errors import run_stage
+from scripts.checks import kernel_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import run_stage
 
 
 def main() -> None:

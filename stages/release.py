@@ -9,10 +9,16 @@ record, one whose error is over the threshold its verify stage held it to.
 import json
 import shutil
 
-from scripts import atomic, clef_qwen35_patch, kernel_form, layout, model_check, params, provenance
-from scripts import release, release_card, row_graph, snapshot, tflite_file
-from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.checks import model_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, params, provenance
+from scripts.qwen35 import patch
+from scripts.checkpoint import snapshot
+from scripts.litert import tflite_file
+from scripts.qwen35 import row_graph
+from scripts.release.bundle import bundle, card
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import ClefError, run_stage
 
 REFERENCE_SEED = 20261129
 
@@ -80,18 +86,18 @@ def reference_record(it: dict, model, host: Host) -> dict:
     if it["kind"] == "row":
         n = it["shape"]["L"]
         ids = model_check.random_ids(n - n // 3, vocab, REFERENCE_SEED + n)
-        return release.row_reference(row_graph.ClefRowPrefill(model, n).eval(), host.record(ids, n))
+        return bundle.row_reference(row_graph.ClefRowPrefill(model, n).eval(), host.record(ids, n))
     P, S = it["shape"]["P"], it["shape"]["S"]
     p = max(1, P // 2)
     ids = model_check.random_ids(p + S, vocab, REFERENCE_SEED + P + S)
-    return release.pair_reference(row_graph.ClefRowPrefill(model, P + S).eval(), host.record(ids[:p], P),
+    return bundle.pair_reference(row_graph.ClefRowPrefill(model, P + S).eval(), host.record(ids[:p], P),
                                   host.record(ids[p:], S, start=p), host.record(ids, P + S))
 
 
 def main() -> None:
     p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
     form = str(kernel_form.parse(p["form"]))
-    mode = release.check_host_weights(p["release"]["host_weights"])
+    mode = bundle.check_host_weights(p["release"]["host_weights"])
     items = planned(p)
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
@@ -102,61 +108,61 @@ def main() -> None:
 
     from safetensors.torch import save_file
 
-    model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
+    model, _, _ = patch.load(snap, form, progress=False)
     host = Host(snap)
     build = atomic.partial_dir(layout.RELEASE)
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
-    host_section = release.host_files(snap, host, build, mode)
+    host_section = bundle.host_files(snap, host, build, mode)
     artifacts = {}
-    lock = release.lock_stages()
+    lock = bundle.lock_stages()
     for i, it in enumerate(items, 1):
         rel_path = f"{it['kind']}s/{it['path'].name}"
         print(f"release [{i}/{len(items)}] {rel_path}: reference record", flush=True)
-        release.place(it["path"], build / rel_path)
+        bundle.place(it["path"], build / rel_path)
         record = reference_record(it, model, host)
         check_file = f"checks/{it['path'].stem}.safetensors"
         (build / "checks").mkdir(exist_ok=True)
         save_file(record, str(build / check_file))
-        measured = release.run_reference(build / rel_path, it["kind"], record)
+        measured = bundle.run_reference(build / rel_path, it["kind"], record)
         global_bound, position_bound = it["bounds"].values()
         reference = {"file": check_file, "max_rel": measured["rel_vs_expected"], "threshold": global_bound,
                      "max_rel_per_position": measured["rel_per_position_vs_expected"],
                      "threshold_per_position": position_bound}
-        found = release.reference_problems(measured, reference)
+        found = bundle.reference_problems(measured, reference)
         if found:
             raise ClefError(f"{rel_path}: reference record: {found[0]}")
         contract = it["metadata"]["contract"]
         export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
         artifacts[rel_path] = {
-            "kind": it["kind"], **it["shape"], "form": form, "sha256": release.sha256_file(build / rel_path),
-            "bytes": (build / rel_path).stat().st_size, "md5": release.md5_file(build / rel_path),
+            "kind": it["kind"], **it["shape"], "form": form, "sha256": bundle.sha256_file(build / rel_path),
+            "bytes": (build / rel_path).stat().st_size, "md5": bundle.md5_file(build / rel_path),
             "dvc_lock": {"stage": export_stage, "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None},
-            "signatures": release.signatures(it["census"], contract),
+            "signatures": bundle.signatures(it["census"], contract),
             "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
             "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
             "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
             "verification": {c: read_metrics(c) for c in it["checks"]}, "gpu": gpu_section(it["gpu"]),
             "reference": reference}
 
-    name = release.release_name(rec, form)
-    card = release_card.render(name, rec, form, host_section, artifacts, overall)
-    atomic.write_text(build / release.CARD, card)
-    files = release.file_table(build)
+    name = bundle.release_name(rec, form)
+    card_text = card.render(name, rec, form, host_section, artifacts, overall)
+    atomic.write_text(build / bundle.CARD, card_text)
+    files = bundle.file_table(build)
     git = provenance.git_state()
     manifest = {
-        "format": release.FORMAT, "name": name,
+        "format": bundle.FORMAT, "name": name,
         "model": {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"],
                   "snapshot_files": {e["name"]: {"sha256": e["sha256"], "size": e["size"]}
                                      for e in sorted(rec["files"], key=lambda e: e["name"])}},
         "form": form, "params": p, "versions": provenance.package_versions(), "git": git,
         "host": host_section, "artifacts": artifacts, "verification": overall, "stages": lock, "files": files}
-    atomic.write_json(build / release.MANIFEST, manifest)
+    atomic.write_json(build / bundle.MANIFEST, manifest)
     atomic.swap_in_dir(build, layout.RELEASE)
 
     dist = atomic.partial_dir(layout.DIST)
     shutil.rmtree(dist, ignore_errors=True)
-    release.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
+    bundle.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
     atomic.swap_in_dir(dist, layout.DIST)
 
     rows = [{"L": a["L"], "max_rel_vs_torch": a["verification"][f"tflite_L{a['L']}"]["max_rel"],

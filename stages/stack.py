@@ -4,9 +4,11 @@ results/stack.json: the stack's structure (read off the built modules), its fp32
 stage's peak resident memory against its budget (params.yaml `stack`), and the load time. A peak over
 the budget fails the stage: the weights were copied somewhere they should not have been.
 """
-from scripts import atomic, layout, metrics, params, snapshot, text_stack
-from scripts.errors import ClefError, run_stage
-from scripts.measure import peak_rss_bytes
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.qwen35 import text_stack
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.measure import peak_rss_bytes
 
 
 def main() -> None:

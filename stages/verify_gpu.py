@@ -1,14 +1,22 @@
 """DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
-LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/gpu_check.py) ->
+LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/checks/gpu_check.py) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
 output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
 import argparse
 
-from scripts import atomic, clef_qwen35_patch, gpu_accelerator, gpu_check, kernel_form, layout, metrics, model_check
-from scripts import pair_graph, params, snapshot, tflite_check, tflite_file
-from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.checks import gpu_check, model_check
+from scripts.layers import kernel_form
+from scripts.litert import gpu_accelerator
+from scripts.pipeline import atomic, layout, metrics
+from scripts.qwen35 import patch
+from scripts.checkpoint import snapshot
+from scripts.checks import tflite_check
+from scripts.litert import tflite_file
+from scripts.pipeline import params
+from scripts.qwen35 import pair_graph
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import ClefError, run_stage
 
 
 def main() -> None:
@@ -35,7 +43,7 @@ def main() -> None:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
     compiled = gpu_check.compile_modes(path, census)
 
-    model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
+    model, _, _ = patch.load(snap, form, progress=False)
     host = Host(snap)
     refs = gpu_check.StockReferences(model)
     vocab = model.config.vocab_size

@@ -3,8 +3,11 @@ checkpoint's GatedDeltaNet head counts -> results/kernel.json. Fails, naming the
 configured form's fp32 error crosses a bound (global or per position), when it is not finite in fp16
 in some regime, or when its memory-cut control does not break the bound by controls.min_over_threshold."""
 
-from scripts import atomic, compare, kernel_check, kernel_form, layout, metrics, params, snapshot
-from scripts.errors import ClefError, run_stage
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, kernel_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
 
 
 def main() -> None:

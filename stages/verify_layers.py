@@ -2,8 +2,12 @@
 against transformers' stock class -> results/layers.json. Fails, naming the row, past a bound (global
 or per position), or when the memory-cut control does not break the global bound by
 controls.min_over_threshold."""
-from scripts import atomic, compare, kernel_form, layout, metrics, model_check, params, snapshot, text_stack
-from scripts.errors import ClefError, run_stage
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, model_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.qwen35 import text_stack
+from scripts.pipeline.errors import ClefError, run_stage
 
 
 def main() -> None:

@@ -2,10 +2,13 @@
 and causality -> results/model.json. Fails, naming the row, past a bound (global or per position),
 or when the memory-cut control does not break the global bound by controls.min_over_threshold."""
 
-from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, model_check, params
-from scripts import snapshot
-from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.checks import compare, model_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.qwen35 import patch
+from scripts.checkpoint import snapshot
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import ClefError, run_stage
 
 
 def main() -> None:
@@ -17,7 +20,7 @@ def main() -> None:
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
     vocab = snapshot.text_config(path)["vocab_size"]
-    model, _, _ = clef_qwen35_patch.load(path, form)
+    model, _, _ = patch.load(path, form)
     rows = model_check.model_rows(model, Host(path), lengths, vocab)
     control = compare.worst(rows, "control_memory_cut_rel_vs_stock_f64")
     fails = model_check.failures(rows, limits)

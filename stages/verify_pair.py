@@ -2,16 +2,21 @@
 chaining against the row graph (the prefix's hidden too), its state against transformers' cache in
 float64, state reuse, and the op census -> results/pair_P{P}_S{S}.json. Fails, naming the row, past a
 bound (global or per position), on a census violation, or when a control (the recurrent state zeroed,
-the pad guard removed: scripts/controls.py) does not break the bound by controls.min_over_threshold."""
+the pad guard removed: scripts/checks/controls.py) does not break the bound by controls.min_over_threshold."""
 import argparse
 
 import torch
 
-from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, pair_check, pair_graph
-from scripts import params, snapshot
-from scripts import tflite_check, tflite_file
-from scripts.clef_host import Host, PairRunner, litert_signature
-from scripts.errors import ClefError, run_stage
+from scripts.checks import compare, pair_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics
+from scripts.qwen35 import pair_graph, patch
+from scripts.checkpoint import snapshot
+from scripts.pipeline import params
+from scripts.checks import tflite_check
+from scripts.litert import tflite_file
+from scripts.qwen35.host import Host, PairRunner, litert_signature
+from scripts.pipeline.errors import ClefError, run_stage
 
 
 CONTROLS = {"zero_state": "control_zero_state_rel_vs_row", "no_pad_guard": "control_no_pad_guard_rel_vs_row"}
@@ -40,7 +45,7 @@ def main() -> None:
     tflite_file.require(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    model, _, _ = clef_qwen35_patch.load(snap, form)
+    model, _, _ = patch.load(snap, form)
     host = Host(snap)
     census = tflite_file.census(path)
     meta = tflite_file.read_metadata(path) or {}

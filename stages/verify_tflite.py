@@ -6,11 +6,16 @@ when the memory-cut control (the torch graph with the fault, against the file) d
 global bound by controls.min_over_threshold."""
 import argparse
 
-from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, model_check, params
-from scripts import row_graph, snapshot
-from scripts import tflite_check, tflite_file
-from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.checks import compare, model_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.qwen35 import patch
+from scripts.checkpoint import snapshot
+from scripts.qwen35 import row_graph
+from scripts.checks import tflite_check
+from scripts.litert import tflite_file
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import ClefError, run_stage
 
 
 def main() -> None:
@@ -36,7 +41,7 @@ def main() -> None:
     else:
         problems += [f"metadata: {k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
 
-    model, _, _ = clef_qwen35_patch.load(snap, form)
+    model, _, _ = patch.load(snap, form)
     host = Host(snap)
     graph = row_graph.ClefRowPrefill(model, length).eval()
     runner = tflite_check.interpreter(path).get_signature_runner()

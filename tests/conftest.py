@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import scripts  # noqa: F401  (quiets third-party import noise before torch/transformers load)
-from scripts import fetch, snapshot
+from scripts.checkpoint import fetch, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def workdir(tmp_path, tiny_cache) -> Path:
     cache, rec = tiny_cache
     shutil.copytree(cache, tmp_path / "hf")
     (tmp_path / "results").mkdir()
-    from scripts import atomic
+    from scripts.pipeline import atomic
 
     atomic.write_json(tmp_path / "results" / "snapshot.json", rec)
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scripts import clef_host
-from scripts.errors import ClefError
+from scripts.qwen35.host import Host, inverse_frequencies, rope_tables, text_positions
+from scripts.pipeline.errors import ClefError
 
 
 @pytest.fixture(scope="module")
 def host(tiny_snapshot):
-    return clef_host.Host(tiny_snapshot)
+    return Host(tiny_snapshot)
 
 
 @pytest.mark.parametrize("start", [0, 1000])
@@ -22,7 +22,7 @@ def test_rope_tables_equal_transformers(host, tiny_snapshot, start):
     rotary = Qwen3_5TextRotaryEmbedding(config=cfg)
     positions = torch.arange(start, start + 96)[None]
     cos_ref, sin_ref = rotary(torch.zeros(1, dtype=torch.float32), positions)
-    cos, sin = clef_host.rope_tables(host.rope, host.head_dim, clef_host.text_positions(start, 96))
+    cos, sin = rope_tables(host.rope, host.head_dim, text_positions(start, 96))
     assert cos.shape == (96, host.rotary) == tuple(cos_ref.shape[1:])
     assert (cos - cos_ref[0]).abs().max() <= 1e-6 and (sin - sin_ref[0]).abs().max() <= 1e-6
 
@@ -30,8 +30,8 @@ def test_rope_tables_equal_transformers(host, tiny_snapshot, start):
 def test_mrope_interleave_uses_each_axis(host):
     """With distinct T/H/W positions, the slots follow the interleave [T H W T H W ... T T]."""
     positions = torch.tensor([[5], [50], [500]])
-    cos, _ = clef_host.rope_tables(host.rope, host.head_dim, positions)
-    inv = clef_host.inverse_frequencies(host.rope, host.head_dim)
+    cos, _ = rope_tables(host.rope, host.head_dim, positions)
+    inv = inverse_frequencies(host.rope, host.head_dim)
     half = len(inv)
     sec = host.rope["mrope_section"]
     axis = [0] * half
@@ -50,7 +50,7 @@ def test_record_pads_and_widens(host):
     assert torch.equal(rec["embeds"][0, :n], host.embed_tokens[torch.tensor(ids)].float())
     assert not rec["embeds"][0, n:].any()
     assert rec["valid"][0, :n].eq(1).all() and not rec["valid"][0, n:].any()
-    cos, _ = clef_host.rope_tables(host.rope, host.head_dim, clef_host.text_positions(10, 1))
+    cos, _ = rope_tables(host.rope, host.head_dim, text_positions(10, 1))
     assert torch.equal(rec["cos"][0, 0], cos[0])
     assert host.check(rec, 64) == n
 

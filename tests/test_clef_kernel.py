@@ -7,19 +7,20 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scripts import clef_kernel as K
-from scripts import compare, kernel_check, kernel_form
-from scripts.errors import ClefError
+from scripts.layers import gated_delta
+from scripts.checks import compare, kernel_check
+from scripts.layers import kernel_form
+from scripts.pipeline.errors import ClefError
 
 HEADS = {"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}
 
 
-def inputs(name="R1", length=130, init=True, seed=0):
+def inputs(name="strong_decay", length=130, init=True, seed=0):
     return kernel_check.regime_inputs(name, length, seed, HEADS["k"], HEADS["v"], HEADS["k_dim"], HEADS["v_dim"], init)
 
 
 def call(form, q, k, v, g, beta, s0=None):
-    kern = K.make_kernel(kernel_form.parse(form) if isinstance(form, str) else form)
+    kern = gated_delta.make_kernel(kernel_form.parse(form) if isinstance(form, str) else form)
     return kern(q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 
@@ -28,7 +29,7 @@ def call(form, q, k, v, g, beta, s0=None):
 def test_loop_form_is_the_stock_kernel():
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
-    q, k, v, g, beta, s0 = inputs("R2", 200)
+    q, k, v, g, beta, s0 = inputs("weak_decay", 200)
     ours = call("loop", q, k, v, g, beta, s0)
     stock = torch_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0, output_final_state=True,
                                          use_qk_l2norm_in_kernel=True)
@@ -39,21 +40,21 @@ def test_loop_form_is_the_stock_kernel():
 @pytest.mark.parametrize("chunk", [16, 32, 64, 128])
 def test_block_inverse_matches_loop_inverse(chunk):
     """R<n>'s loop-free inverse equals the stock row-by-row inverse to 1e-6, on real in-chunk matrices."""
-    const = K.chunk_constants(chunk)
+    const = gated_delta.chunk_constants(chunk)
     gen = torch.Generator().manual_seed(chunk)
     k = F.normalize(torch.randn(8, chunk, 32, generator=gen), dim=-1)
     beta = torch.rand(8, chunk, 1, generator=gen)
     n = -((k * beta) @ k.transpose(-1, -2)) * const.strict_lower
-    loop, block = K.loop_inverse(n, const), K.block_inverse(n, const)
+    loop, block = gated_delta.loop_inverse(n, const), gated_delta.block_inverse(n, const)
     assert (block - loop).abs().max() <= 1e-6 * loop.abs().max()
 
 
 def test_neumann_product_fails_where_block_inverse_holds():
     """Why R<n> uses block doubling: the product (I + N)(I + N^2)(I + N^4)... is exact in theory but
-    goes through powers of N with entries ~1e8 when every key is equal (R4), and fp32 loses it all."""
+    goes through powers of N with entries ~1e8 when every key is equal (one_key), and fp32 loses it all."""
     c = 64
-    const = K.chunk_constants(c)
-    n = -0.5 * const.strict_lower  # R4: one key, beta 0.5, no decay
+    const = gated_delta.chunk_constants(c)
+    n = -0.5 * const.strict_lower  # one_key: one key, beta 0.5, no decay
     truth = torch.linalg.solve_triangular(torch.eye(c, dtype=torch.float64) - n.double(),
                                           torch.eye(c, dtype=torch.float64), upper=False)
     product, power = torch.eye(c) + n, n
@@ -61,7 +62,7 @@ def test_neumann_product_fails_where_block_inverse_holds():
         power = power @ power
         product = product + product @ power
     assert (product.double() - truth).abs().max() > 1.0  # the control: the Neumann product is unusable
-    assert (K.block_inverse(n, const).double() - truth).abs().max() < 1e-6
+    assert (gated_delta.block_inverse(n, const).double() - truth).abs().max() < 1e-6
 
 
 @pytest.mark.parametrize("regime", kernel_check.REGIMES)
@@ -74,7 +75,7 @@ def test_release_form_matches_float64(regime):
 
 def test_tail_that_is_not_a_chunk_multiple():
     """L = 130 is padded inside; the result equals the first 130 outputs of an L = 192 run."""
-    q, k, v, g, beta, s0 = inputs("R1", 192)
+    q, k, v, g, beta, s0 = inputs("strong_decay", 192)
     full, _ = call("R64+ec+dd", q, k, v, g, beta, s0)
     cut, state = call("R64+ec+dd", *(x[:, :130] for x in (q, k, v, g, beta)), s0)
     assert cut.shape[1] == 130 and torch.allclose(cut, full[:, :130], atol=1e-6)
@@ -83,7 +84,7 @@ def test_tail_that_is_not_a_chunk_multiple():
 
 
 def test_wrong_initial_state_shape_refused():
-    q, k, v, g, beta, s0 = inputs("R1", 64)
+    q, k, v, g, beta, s0 = inputs("strong_decay", 64)
     with pytest.raises(ClefError, match=r"initial state of shape \[1, 4, 32, 16\] .* expected \[1, 4, 32, 32\]"):
         call("R64", q, k, v, g, beta, s0[..., :16])
 
@@ -91,7 +92,7 @@ def test_wrong_initial_state_shape_refused():
 # --- each part in isolation ----------------------------------------------------------------
 
 def test_vs_scales_output_and_state_exactly():
-    q, k, v, g, beta, s0 = inputs("R1", 130)
+    q, k, v, g, beta, s0 = inputs("strong_decay", 130)
     out0, state0 = call("R64+ec+dd", q, k, v, g, beta, s0)
     out6, state6 = call("R64+ec+dd+vs6", q, k, v, g, beta, s0 * 64)
     assert torch.equal(out6, out0 * 64) and torch.equal(state6, state0 * 64)
@@ -99,7 +100,7 @@ def test_vs_scales_output_and_state_exactly():
 
 def test_vs_with_unscaled_state_is_wrong():
     """The control: a stock-scale state fed to a vs6 kernel gives a different answer."""
-    q, k, v, g, beta, s0 = inputs("R1", 130)
+    q, k, v, g, beta, s0 = inputs("strong_decay", 130)
     out0, _ = call("R64+ec+dd", q, k, v, g, beta, s0)
     wrong, _ = call("R64+ec+dd+vs6", q, k, v, g, beta, s0)
     assert (wrong / 64 - out0).abs().max() > 1e-2 * out0.abs().max()
@@ -123,7 +124,7 @@ class Intermediates(TorchDispatchMode):
 
 
 def extreme_decay():
-    q, k, v, g, beta, s0 = inputs("R1", 130)
+    q, k, v, g, beta, s0 = inputs("strong_decay", 130)
     g = g.clone()
     g[:, ::5] = -1e4  # a decay that wipes the state: e^-10000
     return q, k, v, g, beta, s0
@@ -162,10 +163,10 @@ def test_ec_and_dd_stay_finite_in_fp16_where_stock_does_not():
 def test_safe_softplus():
     x = torch.linspace(-80, 80, 20001)
     ref = torch.log1p(torch.exp(x.double()))  # float64 truth at the same fp32 inputs
-    ours = K.safe_softplus(x).double()
+    ours = gated_delta.safe_softplus(x).double()
     assert ((ours - ref).abs() / ref.clamp_min(1e-30)).max() < 1e-6
     big = torch.tensor([12.0, 100.0, 60000.0], dtype=torch.float16)
-    assert torch.isfinite(K.safe_softplus(big)).all()
+    assert torch.isfinite(gated_delta.safe_softplus(big)).all()
     assert not torch.isfinite(torch.log1p(torch.exp(big))).all()  # the naive form overflows in fp16
 
 
@@ -175,7 +176,7 @@ def test_log1p_series_keeps_small_arguments_that_log_of_one_plus_y_rounds_away()
     y = torch.tensor([1e-7, 1e-5, 3e-4, 0.1, 1.0])
     truth = torch.log1p(y.double())
     for dtype, bound, first in ((torch.float32, 1e-6, 0), (torch.float16, 2e-3, 1)):  # 1e-7 is below fp16
-        series = K.log1p_series(y[first:].to(dtype)).double()
+        series = gated_delta.log1p_series(y[first:].to(dtype)).double()
         assert ((series - truth[first:]).abs() / truth[first:]).max() < bound, dtype
     rounded = torch.log(1 + y[:2])  # the control: what LOG(1 + y) gives in fp32
     assert ((rounded.double() - truth[:2]).abs() / truth[:2]).max() > 1e-3
@@ -187,14 +188,14 @@ def test_log1p_series_keeps_small_arguments_that_log_of_one_plus_y_rounds_away()
 class KernelModule(torch.nn.Module):
     def __init__(self, form):
         super().__init__()
-        self.kernel = K.make_kernel(kernel_form.parse(form))
+        self.kernel = gated_delta.make_kernel(kernel_form.parse(form))
 
     def forward(self, q, k, v, g, beta, s0):
         return self.kernel(q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 
 def export_graph(form, length):
-    args = inputs("R1", length)
+    args = inputs("strong_decay", length)
     return torch.export.export(KernelModule(form), args).graph
 
 
@@ -227,27 +228,27 @@ def test_no_loop_over_rows_or_tokens():
     assert loop > 3 * len(ops(export_graph("R64+ec+dd", 256)))
 
 
-# --- apply / reset -------------------------------------------------------------------------
+# --- set_form / form_applied -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def stack(tiny_snapshot):
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     return text_stack.load_text_stack(tiny_snapshot, progress=False)[0]
 
 
-def test_apply_switches_every_layer_and_reset_restores_exactly(stack):
+def test_form_applied_switches_every_layer_and_restores_exactly(stack):
     x = torch.randn(1, 70, stack.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    layers = K.gated_deltanets(stack)
+    layers = gated_delta.gated_deltanets(stack)
     before = [(m.chunk_gated_delta_rule, m.norm.variance_epsilon) for m in layers]
     with torch.no_grad():
         ref = stack(inputs_embeds=x, use_cache=False).last_hidden_state
-        changed = K.apply(stack, "R64+sp+ec+dd+vs6")
-        assert changed["layers"] == len(layers) == 6 and changed["norm_eps_scale"] == 4096
-        assert all(m.chunk_gated_delta_rule.form == kernel_form.parse("R64+sp+ec+dd+vs6") for m in layers)
-        assert all(m.norm.variance_epsilon == eps * 4096 for m, (_, eps) in zip(layers, before))
-        formed = stack(inputs_embeds=x, use_cache=False).last_hidden_state
-        assert K.reset(stack) == len(layers)
+        with gated_delta.form_applied(stack, "R64+sp+ec+dd+vs6") as changed:
+            assert changed["layers"] == len(layers) == 6 and changed["norm_eps_scale"] == 4096
+            assert changed["softplus"] == "not applied (stock class)"  # the stock class calls F.softplus
+            assert all(m.chunk_gated_delta_rule.form == kernel_form.parse("R64+sp+ec+dd+vs6") for m in layers)
+            assert all(m.norm.variance_epsilon == eps * 4096 for m, (_, eps) in zip(layers, before))
+            formed = stack(inputs_embeds=x, use_cache=False).last_hidden_state
         again = stack(inputs_embeds=x, use_cache=False).last_hidden_state
     assert [(m.chunk_gated_delta_rule, m.norm.variance_epsilon) for m in layers] == before
     assert torch.equal(again, ref)
@@ -257,14 +258,40 @@ def test_apply_switches_every_layer_and_reset_restores_exactly(stack):
     assert (formed - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
+def test_form_applied_restores_after_an_error(stack):
+    layers = gated_delta.gated_deltanets(stack)
+    before = [(m.chunk_gated_delta_rule, m.norm.variance_epsilon) for m in layers]
+    with pytest.raises(RuntimeError, match="midway"):
+        with gated_delta.form_applied(stack, "R32+dd+vs3"):
+            raise RuntimeError("midway")
+    assert [(m.chunk_gated_delta_rule, m.norm.variance_epsilon) for m in layers] == before
+
+
+def test_a_second_form_replaces_the_first_without_compounding(stack):
+    """set_form on a model that has a form: the norm eps is the stock one times the new 4^k, not
+    times both forms' scales (the stock eps is recovered from the current kernel's form)."""
+    layers = gated_delta.gated_deltanets(stack)
+    stock = [m.norm.variance_epsilon for m in layers]
+    with gated_delta.form_applied(stack, "R64+dd+vs6"):
+        gated_delta.set_form(stack, "R64+dd+vs2")
+        assert [m.norm.variance_epsilon for m in layers] == [e * 16 for e in stock]
+        gated_delta.set_form(stack, "loop")
+        assert [m.norm.variance_epsilon for m in layers] == stock
+    assert [m.norm.variance_epsilon for m in layers] == stock
+
+
+def test_the_form_s_softplus_travels_with_its_kernel():
+    assert gated_delta.make_kernel(kernel_form.parse("R64+sp+dd")).softplus is gated_delta.safe_softplus
+    assert gated_delta.make_kernel(kernel_form.parse("R64+dd")).softplus is F.softplus
+
+
 def test_vs_leaves_the_layer_output_unchanged(stack):
     """vs6's 2^6 scale is absorbed by the gated norm (eps x 4^6): the GatedDeltaNet's output is the same."""
-    layer = K.gated_deltanets(stack)[0]
+    layer = gated_delta.gated_deltanets(stack)[0]
     x = torch.randn(1, 70, stack.config.hidden_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        K.apply(stack, "R64+ec+dd")
-        plain = layer(x)
-        K.apply(stack, "R64+ec+dd+vs6")
-        scaled = layer(x)
-        K.reset(stack)
+        with gated_delta.form_applied(stack, "R64+ec+dd"):
+            plain = layer(x)
+        with gated_delta.form_applied(stack, "R64+ec+dd+vs6"):
+            scaled = layer(x)
     assert (scaled - plain).abs().max() <= 1e-6 * plain.abs().max()

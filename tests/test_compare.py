@@ -1,4 +1,4 @@
-"""The one error metric (scripts/compare.py), and every stage's comparison failing on a NaN."""
+"""The one error metric (scripts/checks/compare.py), and every stage's comparison failing on a NaN."""
 from __future__ import annotations
 
 import math
@@ -6,11 +6,16 @@ import math
 import pytest
 import torch
 
-from scripts import clef_kernel, clef_qwen35_patch, compare, gpu_check, kernel_check, model_check, pair_check
-from scripts import pair_graph, params, release, text_stack, tflite_check
-from scripts.clef_host import Host, PairRunner
-from scripts.errors import ClefError
-from scripts.row_graph import ClefRowPrefill
+from scripts.checks import compare, gpu_check, kernel_check, model_check, pair_check
+from scripts.layers import gated_delta
+from scripts.qwen35 import patch
+from scripts.checks import tflite_check
+from scripts.pipeline import params
+from scripts.qwen35 import pair_graph, text_stack
+from scripts.release.bundle import bundle
+from scripts.qwen35.host import Host, PairRunner
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35.row_graph import ClefRowPrefill
 
 FORM = "R64+sp+ec+dd+vs6"
 
@@ -78,13 +83,13 @@ def nan_at_one_position(kernel):
 
 @pytest.fixture
 def nan_kernel(monkeypatch):
-    make = clef_kernel.make_kernel
+    make = gated_delta.make_kernel
 
     def make_nan(form, carry_state=True):  # the configured form only: the float64 references stay exact
         kernel = make(form, carry_state)
         return nan_at_one_position(kernel) if str(form) == FORM else kernel
 
-    monkeypatch.setattr(clef_kernel, "make_kernel", make_nan)
+    monkeypatch.setattr(gated_delta, "make_kernel", make_nan)
 
 
 def judged(rows, stage_keys):
@@ -94,7 +99,7 @@ def judged(rows, stage_keys):
 
 
 def test_verify_kernel_fails_on_nan(nan_kernel, monkeypatch):
-    monkeypatch.setattr(kernel_check, "REGIMES", ("R2",))
+    monkeypatch.setattr(kernel_check, "REGIMES", ("weak_decay",))
     monkeypatch.setattr(kernel_check, "LENGTHS", (130,))
     rows = kernel_check.check({"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}, [FORM])
     summary = kernel_check.summarize(rows, FORM, {"rel_vs_f64": 1e-5, "rel_per_position_vs_f64": 1e-4}, 100)
@@ -109,7 +114,7 @@ def test_verify_layers_fails_on_nan(nan_kernel, tiny_snapshot):
 
 
 def test_verify_model_fails_on_nan(nan_kernel, tiny_snapshot):
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     rows = model_check.model_rows(model, Host(tiny_snapshot), [64], model.config.vocab_size)
     lines = model_check.failures(rows, {"rel_vs_stock_f64": 1e-4, "rel_causality": 1e-6})
     assert any("check=vs_stock, L=64, record=full: rel_vs_stock_f64 is inf" in ln for ln in lines), lines
@@ -117,7 +122,7 @@ def test_verify_model_fails_on_nan(nan_kernel, tiny_snapshot):
 
 @pytest.fixture(scope="module")
 def patched(tiny_snapshot):
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     return model, Host(tiny_snapshot)
 
 
@@ -183,9 +188,9 @@ def test_clef_verify_fails_on_nan(patched):
         expected = ClefRowPrefill(model, 64)(**inputs)["hidden"][:, :20]
     record = {**inputs, "expected": expected}
     graph = ClefRowPrefill(model, 64).eval()
-    figures = release.reference_error(lambda name: torch_fn(graph, poison=True), "row", record)
-    lines = release.reference_problems(figures, {"threshold": 1e-4, "threshold_per_position": 1e-4})
+    figures = bundle.reference_error(lambda name: torch_fn(graph, poison=True), "row", record)
+    lines = bundle.reference_problems(figures, {"threshold": 1e-4, "threshold_per_position": 1e-4})
     assert lines == ["rel_vs_expected is inf (NaN or inf in the output)",
                      "rel_per_position_vs_expected is inf (NaN or inf in the output)"]
-    good = release.reference_error(lambda name: torch_fn(graph), "row", record)
-    assert release.reference_problems(good, {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []
+    good = bundle.reference_error(lambda name: torch_fn(graph), "row", record)
+    assert bundle.reference_problems(good, {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import shutil
 import json
 import re
 from pathlib import Path
@@ -14,44 +15,37 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import controls, layout, tflite_file
+from scripts.checks import controls
+from scripts.pipeline import stage_deps
+from scripts.litert import tflite_file
+from scripts.pipeline import layout
 from tests.conftest import ROOT, clef, dvc, dvc_run, git
 
 STAGES = {name: st.get("do", st) for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
 
 
-def local_imports(module_file: Path) -> set[str]:
-    """Files under scripts/ and stages/ that `module_file` imports, transitively."""
-    seen: set[str] = set()
-    todo = [module_file]
-    while todo:
-        tree = ast.parse(todo.pop().read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            for name in names:
-                rel = Path(*name.split(".")).with_suffix(".py")
-                if name.split(".")[0] in ("scripts", "stages") and (ROOT / rel).is_file() and str(rel) not in seen:
-                    seen.add(str(rel))
-                    todo.append(ROOT / rel)
-    return seen
+def test_code_deps_are_generated_from_the_imports():
+    """Every stage depends on exactly the files of ours it runs: dvc.yaml's lists are what
+    scripts/pipeline/stage_deps.py derives from the imports."""
+    _, changed = stage_deps.rewrite((ROOT / "dvc.yaml").read_text())
+    assert not changed, f"code deps differ from the imports for {changed}: run python -m scripts.pipeline.stage_deps"
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_stage_depends_on_all_its_code(name):
-    stage = STAGES[name]
-    module = stage["cmd"].split("python -m ", 1)[1].split()[0]
-    entry = Path(*module.split(".")).with_suffix(".py")
-    code = local_imports(ROOT / entry) | {str(entry)}
-    deps = set(stage.get("deps", []))
-    assert code <= deps, f"stage {name} runs code it does not depend on: {sorted(code - deps)}"
+def test_a_new_import_makes_the_deps_stale(tmp_path):
+    """Broken once on purpose: an entry point that imports one more module of ours, or one fewer."""
+    for top in ("scripts", "stages"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (ROOT / "dvc.yaml").read_text()
+    entry = tmp_path / "stages/fetch.py"
+    entry.write_text("from scripts.checks import compare  # noqa: F401\n" + entry.read_text())
+    fixed, changed = stage_deps.rewrite(text, tmp_path)
+    assert changed == ["fetch"] and "scripts/checks/compare.py" in fixed.split("  fetch:")[1].split("  stack:")[0]
+    (tmp_path / "stages/check_params.py").write_text("")
+    assert "check_params" in stage_deps.rewrite(text, tmp_path)[1]
 
 
 def params_sections_read(entry: Path) -> set[str]:
-    """The sections a stage asks scripts.params.load for (a literal list in its entry point)."""
+    """The sections a stage asks scripts.pipeline.params.load for (a literal list in its entry point)."""
     sections = set()
     for node in ast.walk(ast.parse(entry.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and node.args:
@@ -301,7 +295,7 @@ def test_metrics_and_plots(pipeline, tmp_path):
             [layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"]) for q in params["pairs"]]:
         assert rows[check]["passed"] is True and 0 <= rows[check]["max_rel"] <= rows[check]["threshold"], check
         assert rows[check]["max_rel_per_position"] <= rows[check]["threshold_per_position"], check
-    # each check's fault (scripts/controls.py) broke its bound by the factor params.yaml asks for
+    # each check's fault (scripts/checks/controls.py) broke its bound by the factor params.yaml asks for
     controlled = ["kernel", "layers", "model"] + [f"tflite_L{n}" for n in params["lengths"] if controls.memory_cut_applies(params["form"], n)] + \
         [f"pair_P{q['prefix']}_S{q['suffix']}" for q in params["pairs"]]
     for check in controlled:

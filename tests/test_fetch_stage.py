@@ -7,8 +7,9 @@ import json
 import pytest
 import yaml
 
-from scripts import fetch, params, snapshot
-from scripts.errors import ClefError
+from scripts.checkpoint import fetch, snapshot
+from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
 from tests.conftest import assert_one_line_error, run_stage
 
 GOOD = {"source": "tiny", "repo": "Cloudflare/clef-flash", "revision": "f0b7d3cd65296abfe459e6c228b618f5d8b26d2f"}

@@ -10,10 +10,12 @@ import sys
 import pytest
 import torch
 
-from scripts import compare, export, gpu_accelerator, gpu_check, pair_graph, tflite_file
-from scripts import clef_qwen35_patch as P
-from scripts.clef_host import Host
-from scripts.errors import ClefError
+from scripts.checks import compare, gpu_check
+from scripts.litert import export, gpu_accelerator, tflite_file
+from scripts.qwen35 import pair_graph
+from scripts.qwen35 import patch
+from scripts.qwen35.host import Host
+from scripts.pipeline.errors import ClefError
 from tests.conftest import ROOT, assert_one_line_error
 
 LOG = """INFO: [delegate_webgpu.cc:342] Create WebGPU environment (use_low_power=0, enable_host_mapped_pointer=1)
@@ -80,7 +82,7 @@ def test_rms_norm_survives_massive_activations_in_fp16_on_the_gpu(tmp_path):
     x = torch.randn(1, 4, 64)
     x[0, 1, 5] = 2000.0
     errors = {}
-    for name, cls in (("stock", Qwen3_5RMSNorm), ("clef", P.ClefRMSNorm)):
+    for name, cls in (("stock", Qwen3_5RMSNorm), ("clef", patch.ClefRMSNorm)):
         norm = Qwen3_5RMSNorm(64)
         norm.__class__ = cls
         path = tmp_path / f"{name}.tflite"
@@ -133,7 +135,7 @@ def test_a_rank3_pad_fails_the_census_gate_and_computes_wrong_on_the_gpu(tmp_pat
 @pytest.fixture(scope="module")
 def two_layer_model(tiny_snapshot):
     """The tiny stack cut to one GatedDeltaNet and one attention layer: a pair converts in seconds."""
-    model, _, _ = P.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
+    model, _, _ = patch.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
     kinds = [layer.block_type for layer in model.layers]
     model.layers = torch.nn.ModuleList([model.layers[kinds.index("linear_attention")],
                                         model.layers[kinds.index("full_attention")]])

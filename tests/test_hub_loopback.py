@@ -19,7 +19,7 @@ import sys
 import pytest
 import yaml
 
-from scripts.fetch import DISK_MARGIN, HUB_PATTERNS, bytes_left
+from scripts.checkpoint.fetch import DISK_MARGIN, HUB_PATTERNS, bytes_left
 from tests.conftest import ROOT, assert_one_line_error
 from tests.hub_server import FakeHub, git_blob_id
 

@@ -1,11 +1,11 @@
-"""The kernel form grammar (scripts/kernel_form.py): canonical strings, fields, one-line refusals, and
+"""The kernel form grammar (scripts/layers/kernel_form.py): canonical strings, fields, one-line refusals, and
 the forms the exporter refuses."""
 from __future__ import annotations
 
 import pytest
 
-from scripts import kernel_form
-from scripts.errors import ClefError
+from scripts.layers import kernel_form
+from scripts.pipeline.errors import ClefError
 
 
 @pytest.mark.parametrize("text", ["R64+sp+ec+dd+vs6", "loop", "R16", "R128+ec", "loop+sp+ec+dd+vs12", "R32+dd+vs1"])
@@ -69,6 +69,6 @@ def test_no_torch_needed():
 
     from tests.conftest import ROOT
 
-    code = "import sys, scripts.params; print('torch' in sys.modules)"
+    code = "import sys, scripts.pipeline.params; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scripts import clef_qwen35_patch as P
-from scripts import compare, pair_check, pair_graph
-from scripts.clef_host import Host, PairRunner, PairState
-from scripts.errors import ClefError
-from scripts.row_graph import ClefRowPrefill
+from scripts.qwen35 import patch
+from scripts.checks import compare, pair_check
+from scripts.qwen35 import pair_graph
+from scripts.qwen35.host import Host, PairRunner, PairState
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35.row_graph import ClefRowPrefill
 
 FORM = "R64+sp+ec+dd+vs6"
 PRE, SUF = 64, 16
@@ -17,7 +18,7 @@ PRE, SUF = 64, 16
 
 @pytest.fixture(scope="module")
 def setup(tiny_snapshot):
-    model, _, _ = P.load(tiny_snapshot, FORM, progress=False)
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     host = Host(tiny_snapshot)
     runner = make_runner(model, host, FORM)
     return model, host, runner

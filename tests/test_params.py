@@ -1,4 +1,4 @@
-"""scripts/params.py: the one schema of params.yaml. The committed file passes; each bad edit the
+"""scripts/pipeline/params.py: the one schema of params.yaml. The committed file passes; each bad edit the
 pipeline test feeds to `dvc repro` (tests/test_dvc_pipeline.py BAD_PARAMS) is refused here too, in one
 line, without DVC; and the rules that need the snapshot (check_context) see the model's context."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import copy
 import pytest
 import yaml
 
-from scripts import params
-from scripts.errors import ClefError
+from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
 from tests.conftest import ROOT
 from tests.test_dvc_pipeline import BAD_PARAMS
 

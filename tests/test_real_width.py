@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from scripts import bench, params, real_width
+from scripts.bench.report import real_width, report
+from scripts.pipeline import params
 from tests.conftest import ROOT
 
 
@@ -29,7 +30,7 @@ def test_extrapolation_scales_what_grows_with_the_weights():
 
     tiny = ws(8, {"export@64": {"seconds": 10.0, "peak_rss_gib": 1.0}, "verify_kernel": {"seconds": 60.0, "peak_rss_gib": 0.5}}, 7e6)
     real = ws(4, {"export@64": {"seconds": 30.0, "peak_rss_gib": 4.5}, "verify_kernel": {"seconds": 55.0, "peak_rss_gib": 0.5}}, 3.5e9)
-    out = bench.extrapolate(tiny, real)
+    out = report.extrapolate(tiny, real)
     assert out["blocks"] == 8
     assert out["stages"]["export@64"] == {"seconds": 8 * 30.0, "peak_rss_gib": 1.0 + 8 * 3.5}
     assert out["stages"]["verify_kernel"] == {"seconds": 55.0, "peak_rss_gib": 0.5}  # set by widths, not layers

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts import atomic, params, release
-from scripts.errors import ClefError
+from scripts.pipeline import atomic, params
+from scripts.release.bundle import bundle
+from scripts.pipeline.errors import ClefError
 from tests.conftest import assert_one_line_error, clef, run_stage, tool_env
 
 
@@ -24,15 +25,15 @@ def small_release(root: Path) -> dict:
     (root / "rows" / "a.tflite").write_bytes(bytes(range(256)) * 4)
     (root / "host").mkdir()
     (root / "host" / "config.json").write_text("{}")
-    manifest = {"format": release.FORMAT, "files": release.file_table(root)}
-    atomic.write_json(root / release.MANIFEST, manifest)
+    manifest = {"format": bundle.FORMAT, "files": bundle.file_table(root)}
+    atomic.write_json(root / bundle.MANIFEST, manifest)
     return manifest
 
 
 def test_check_files_passes_an_untouched_release(tmp_path):
     manifest = small_release(tmp_path)
     assert set(manifest["files"]) == {"rows/a.tflite", "host/config.json"}
-    assert release.check_files(tmp_path, release.load_manifest(tmp_path)) == []
+    assert bundle.check_files(tmp_path, bundle.load_manifest(tmp_path)) == []
 
 
 @pytest.mark.parametrize("tamper, expected", [
@@ -44,25 +45,25 @@ def test_check_files_passes_an_untouched_release(tmp_path):
 def test_check_files_names_the_tampered_file(tmp_path, tamper, expected):
     manifest = small_release(tmp_path)
     tamper(tmp_path)
-    problems = release.check_files(tmp_path, manifest)
+    problems = bundle.check_files(tmp_path, manifest)
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
 def test_load_manifest_refuses_what_is_not_a_release(tmp_path):
     with pytest.raises(ClefError, match="no manifest.json"):
-        release.load_manifest(tmp_path)
-    (tmp_path / release.MANIFEST).write_text('{"format": "something-else"}')
+        bundle.load_manifest(tmp_path)
+    (tmp_path / bundle.MANIFEST).write_text('{"format": "something-else"}')
     with pytest.raises(ClefError, match="format 'something-else'"):
-        release.load_manifest(tmp_path)
+        bundle.load_manifest(tmp_path)
 
 
 def test_tarball_is_byte_reproducible(tmp_path):
     import tarfile
 
     small_release(tmp_path / "r")
-    release.write_tarball(tmp_path / "r", tmp_path / "one.tar.gz", "top")
+    bundle.write_tarball(tmp_path / "r", tmp_path / "one.tar.gz", "top")
     (tmp_path / "r" / "rows" / "a.tflite").touch()  # a new mtime changes nothing
-    release.write_tarball(tmp_path / "r", tmp_path / "two.tar.gz", "top")
+    bundle.write_tarball(tmp_path / "r", tmp_path / "two.tar.gz", "top")
     assert (tmp_path / "one.tar.gz").read_bytes() == (tmp_path / "two.tar.gz").read_bytes()
     with tarfile.open(tmp_path / "one.tar.gz") as tar:
         names = tar.getnames()
@@ -75,7 +76,7 @@ def test_signatures_take_shapes_from_the_file_and_meaning_from_the_contract():
                                                  "outputs": [{"name": "hidden", "shape": [1, 4], "dtype": "float32"}]}}}
     contract = {"inputs": [{"name": "x", "shape": [1, 999], "meaning": "the input"}],
                 "outputs": [{"name": "hidden", "meaning": "the output"}]}
-    sig = release.signatures(census, contract)["serving_default"]
+    sig = bundle.signatures(census, contract)["serving_default"]
     assert sig["inputs"] == [{"name": "x", "shape": [1, 4], "dtype": "float32", "meaning": "the input"}]
     assert sig["outputs"][0]["meaning"] == "the output"
 
@@ -85,16 +86,16 @@ def test_lock_stages_reads_every_stage_but_the_release(tmp_path):
         "schema: '2.0'\nstages:\n  export@64:\n    cmd: python -m stages.export --length 64\n"
         "    deps:\n    - path: hf\n      md5: aaa.dir\n    outs:\n    - path: artifacts/rows/row_L64.tflite\n"
         "      md5: bbb\n  release:\n    cmd: python -m stages.release\n")
-    stages = release.lock_stages(tmp_path / "dvc.lock")
+    stages = bundle.lock_stages(tmp_path / "dvc.lock")
     assert list(stages) == ["export@64"]
     assert stages["export@64"]["outs"] == {"artifacts/rows/row_L64.tflite": "bbb"}
-    assert release.lock_stages(tmp_path / "absent.lock") == {}
+    assert bundle.lock_stages(tmp_path / "absent.lock") == {}
 
 
 def test_tensor_hash_is_dtype_exact():
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    assert release.tensor_sha256(t.to(torch.bfloat16)) != release.tensor_sha256(t)
-    assert release.tensor_sha256(t.to(torch.bfloat16)) == release.tensor_sha256(t.clone().to(torch.bfloat16))
+    assert bundle.tensor_sha256(t.to(torch.bfloat16)) != bundle.tensor_sha256(t)
+    assert bundle.tensor_sha256(t.to(torch.bfloat16)) == bundle.tensor_sha256(t.clone().to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("pairs, fragment", [
@@ -137,7 +138,7 @@ def release_copy(built, tmp_path) -> Path:
 
 
 def test_make_release_output(pipeline, built):
-    manifest = release.load_manifest(built)
+    manifest = bundle.load_manifest(built)
     p = params.load(path=pipeline["repo"] / "params.yaml")
     rows = {a["L"] for a in manifest["artifacts"].values() if a["kind"] == "row"}
     pairs = {(a["P"], a["S"]) for a in manifest["artifacts"].values() if a["kind"] == "pair"}
@@ -156,8 +157,8 @@ def test_make_release_output(pipeline, built):
             assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])
     assert {"fetch", "stack", "verify_kernel", "export_stock"} <= set(manifest["stages"])
     assert all(stage["deps"] or stage["outs"] for stage in manifest["stages"].values())
-    assert manifest["host"]["weights"] == "include" and (built / release.HOST_WEIGHTS).is_file()
-    assert (built / "host" / "tokenizer.json").is_file() and (built / release.CARD).is_file()
+    assert manifest["host"]["weights"] == "include" and (built / bundle.HOST_WEIGHTS).is_file()
+    assert (built / "host" / "tokenizer.json").is_file() and (built / bundle.CARD).is_file()
     tarballs = list((built.parent / "dist").glob("*.tar.gz"))
     assert [t.name for t in tarballs] == [f"{manifest['name']}.tar.gz"]
     assert snap["revision"][:12] in manifest["name"] and p["form"] in manifest["name"]
@@ -166,14 +167,14 @@ def test_make_release_output(pipeline, built):
 def test_clef_verify_passes_on_the_release(built):
     proc = clef(built.parent, "verify", str(built))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    manifest = release.load_manifest(built)
+    manifest = bundle.load_manifest(built)
     for path in manifest["artifacts"]:
         assert f"ok   {path}" in proc.stdout
     assert "all checks passed" in proc.stdout and f"[{len(manifest['artifacts'])}/" in proc.stderr  # progress
 
 
 def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built):
-    manifest = release.load_manifest(built)
+    manifest = bundle.load_manifest(built)
     for path, art in manifest["artifacts"].items():
         g = art["gpu"]
         assert g["fully_accelerated"] and g["all_finite"] and g["device"]["adapter"], path
@@ -217,7 +218,7 @@ def test_clef_verify_names_a_tampered_file(release_copy, tamper, named):
 def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, where, path, named):
     """Every manifest path must be relative, inside the release and hashed: checked before any file is
     hashed or any graph loaded (a graph outside, not hashed, would otherwise run instead of the real one)."""
-    manifest = json.loads((release_copy / release.MANIFEST).read_text())
+    manifest = json.loads((release_copy / bundle.MANIFEST).read_text())
     arts = manifest["artifacts"]
     if where == "artifact":
         arts[path] = arts.pop("rows/row_L64.tflite")
@@ -229,11 +230,11 @@ def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, w
         outside = tmp_path / "outside.tflite"
         outside.write_bytes((release_copy / "rows/row_L64.tflite").read_bytes())
         (release_copy / path).symlink_to(outside)
-        manifest["files"][path] = {"sha256": release.sha256_file(outside), "size": outside.stat().st_size}
+        manifest["files"][path] = {"sha256": bundle.sha256_file(outside), "size": outside.stat().st_size}
         arts[path] = arts.pop("rows/row_L64.tflite")
     else:
         del manifest["files"][path]
-    atomic.write_json(release_copy / release.MANIFEST, manifest)
+    atomic.write_json(release_copy / bundle.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
     assert proc.returncode == 1 and "FAIL manifest" in proc.stdout and named in proc.stdout, proc.stdout
     assert "hashing" not in proc.stderr and "reference record in the interpreter" not in proc.stderr, proc.stderr
@@ -257,15 +258,15 @@ def test_clef_verify_runs_the_reference_records(release_copy):
     record = load_file(str(ref))
     record["expected"] = record["expected"] * 1.01
     save_file(record, str(ref))
-    manifest = json.loads((release_copy / release.MANIFEST).read_text())
-    manifest["files"]["checks/row_L64.safetensors"] = {"sha256": release.sha256_file(ref), "size": ref.stat().st_size}
-    atomic.write_json(release_copy / release.MANIFEST, manifest)
+    manifest = json.loads((release_copy / bundle.MANIFEST).read_text())
+    manifest["files"]["checks/row_L64.safetensors"] = {"sha256": bundle.sha256_file(ref), "size": ref.stat().st_size}
+    atomic.write_json(release_copy / bundle.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
     assert proc.returncode == 1 and "FAIL rows/row_L64.tflite: max rel" in proc.stdout, proc.stdout
 
 
 def test_clef_audit_names_revision_and_form(pipeline, built):
-    manifest = release.load_manifest(built)
+    manifest = bundle.load_manifest(built)
     for path, art in manifest["artifacts"].items():
         proc = clef(built, "audit", path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -277,9 +278,9 @@ def test_clef_audit_names_revision_and_form(pipeline, built):
 
 
 def test_clef_audit_reports_a_manifest_that_disagrees(release_copy):
-    manifest = json.loads((release_copy / release.MANIFEST).read_text())
+    manifest = json.loads((release_copy / bundle.MANIFEST).read_text())
     manifest["form"] = "R32+sp+ec+dd+vs6"
-    atomic.write_json(release_copy / release.MANIFEST, manifest)
+    atomic.write_json(release_copy / bundle.MANIFEST, manifest)
     proc = clef(release_copy, "audit", "rows/row_L64.tflite")
     assert proc.returncode == 1 and "DISAGREES" in proc.stdout and "form is" in proc.stdout, proc.stdout
 
@@ -297,22 +298,23 @@ def test_clef_run_row_and_pair(built):
 
 def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
     """What `clef run` computes from the release's host files is what the pipeline's torch graph gives."""
-    from scripts import clef_qwen35_patch, row_graph
-    from scripts.clef_host import Host, litert_signature
-    from scripts.tflite_check import interpreter
+    from scripts.qwen35 import patch, row_graph
+    from scripts.qwen35.host import Host, litert_signature
+    from scripts.checks.tflite_check import interpreter
 
-    manifest = release.load_manifest(built)
+    manifest = bundle.load_manifest(built)
     host = Host(built / "host")
     ref_host = Host(tiny_snapshot)
     ids = host.encode("a decision to make")
     assert ids == ref_host.encode("a decision to make")
     record = host.record(ids, 64)
     assert all(torch.equal(record[k], ref_host.record(ids, 64)[k]) for k in record)
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, manifest["form"], progress=False)
+    model, _, _ = patch.load(tiny_snapshot, manifest["form"], progress=False)
     with torch.no_grad():
         ref = row_graph.ClefRowPrefill(model, 64)(**record)["hidden"][0, :len(ids)]
     out = litert_signature(interpreter(built / "rows/row_L64.tflite").get_signature_runner())(**record)["hidden"]
-    from scripts import compare, params
+    from scripts.checks import compare
+    from scripts.pipeline import params
 
     bounds = params.bounds(manifest["params"], "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
     assert compare.judge([compare.figures("vs_torch", out[0, :len(ids)], ref)], bounds) == []

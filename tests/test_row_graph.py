@@ -7,23 +7,24 @@ import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 
-from scripts import clef_qwen35_patch as P
-from scripts import compare, model_check, params
-from scripts.clef_host import Host
-from scripts.row_graph import ClefRowPrefill, causal_constant
+from scripts.qwen35 import patch
+from scripts.checks import compare, model_check
+from scripts.pipeline import params
+from scripts.qwen35.host import Host
+from scripts.qwen35.row_graph import ClefRowPrefill, causal_constant
 from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
 def patched(tiny_snapshot):
-    model, _, applied = P.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
+    model, _, applied = patch.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
     return model, applied
 
 
 def test_interleave_is_repeat_interleave():
     x = torch.randn(1, 7, 3, 5)
-    assert torch.equal(P.interleave_heads(x, 2), x.repeat_interleave(2, dim=2))
-    assert torch.equal(P.interleave_heads(x, 4), x.repeat_interleave(4, dim=2))
+    assert torch.equal(patch.interleave_heads(x, 2), x.repeat_interleave(2, dim=2))
+    assert torch.equal(patch.interleave_heads(x, 4), x.repeat_interleave(4, dim=2))
 
 
 def test_clef_eager_attention_is_stock_eager():
@@ -33,28 +34,28 @@ def test_clef_eager_attention_is_stock_eager():
 
     q, k, v = torch.randn(1, 8, 10, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
     mask = causal_constant(10)
-    ours, _ = P.clef_eager_attention(Holder(), q, k, v, mask, scaling=0.25)
+    ours, _ = patch.clef_eager_attention(Holder(), q, k, v, mask, scaling=0.25)
     stock, _ = M.eager_attention_forward(Holder(), q, k, v, mask, scaling=0.25)
     assert torch.allclose(ours, stock, atol=1e-6)
 
 
 def test_patch_switches_classes_not_weights(patched):
     model, applied = patched
-    assert type(model) is P.ClefTextModel
+    assert type(model) is patch.ClefTextModel
     gdn = [l.linear_attn for l in model.layers if l.block_type == "linear_attention"]
-    assert gdn and all(type(m) is P.ClefGatedDeltaNet for m in gdn)
-    assert model.config._attn_implementation == P.ATTENTION
+    assert gdn and all(type(m) is patch.ClefGatedDeltaNet for m in gdn)
+    assert model.config._attn_implementation == patch.ATTENTION
     assert applied["softplus"] == "safe" and applied["layers"] == len(gdn)
 
 
 def test_stock_twin_shares_storage(patched):
     model, _ = patched
-    twin = P.stock_twin(model)
+    twin = patch.stock_twin(model)
     ours = dict(model.named_parameters())
     for name, p in twin.named_parameters():
         assert p.data_ptr() == ours[name].data_ptr(), name
     assert type(twin) is M.Qwen3_5TextModel and twin.config._attn_implementation == "sdpa"
-    assert model.config._attn_implementation == P.ATTENTION  # the twin's config is its own
+    assert model.config._attn_implementation == patch.ATTENTION  # the twin's config is its own
 
 
 def test_export_graph_is_rank4_without_int_arithmetic_or_runtime_ranges(patched, tiny_snapshot):
@@ -130,17 +131,17 @@ def test_rms_norm_is_the_stock_function_and_safe_in_fp16():
     with torch.no_grad():
         stock.weight.normal_(0.0, 0.1)
     ours = copy.deepcopy(stock)
-    ours.__class__ = P.ClefRMSNorm
+    ours.__class__ = patch.ClefRMSNorm
     x = torch.randn(3, 5, 64) * torch.tensor([0.01, 1.0, 100.0])[:, None, None]
     x[1, 2, 7] = 2000.0
     with torch.no_grad():
         # (forward casts to float32 even in a float64 module: the norms are compared directly)
-        assert compare.rel(P.ClefRMSNorm._norm(ours, x.double()), Qwen3_5RMSNorm._norm(stock, x.double())) < 1e-14
+        assert compare.rel(patch.ClefRMSNorm._norm(ours, x.double()), Qwen3_5RMSNorm._norm(stock, x.double())) < 1e-14
         assert compare.rel(ours(x), stock(x)) < 1e-6
         assert not ours(torch.zeros(1, 64)).any()  # a zeroed pad row stays zero, not NaN
         half = x.half()
         truth = stock._norm(x.double())
-        assert compare.figures("vs", P.ClefRMSNorm._norm(ours, half), truth)["rel_per_position_vs"] < 2e-3
+        assert compare.figures("vs", patch.ClefRMSNorm._norm(ours, half), truth)["rel_per_position_vs"] < 2e-3
         stock_half = compare.figures("vs", Qwen3_5RMSNorm._norm(stock, half), truth)
         assert stock_half["rel_per_position_vs"] > 0.5  # the control: the squares overflow
 

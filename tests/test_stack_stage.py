@@ -7,7 +7,8 @@ import pytest
 
 from safetensors.torch import load_file, save_file
 
-from scripts import atomic, snapshot
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic
 from tests.conftest import assert_one_line_error, run_stage
 
 
@@ -101,8 +102,8 @@ def test_unreadable_config_is_one_line(workdir, stage, content, fragment):
 def test_unreadable_tokenizer_config_is_one_line(tiny_snapshot, tmp_path):
     import shutil
 
-    from scripts.clef_host import Host
-    from scripts.errors import ClefError
+    from scripts.qwen35.host import Host
+    from scripts.pipeline.errors import ClefError
 
     copy = tmp_path / "snap"
     shutil.copytree(tiny_snapshot, copy)

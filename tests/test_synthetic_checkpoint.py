@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from scripts import params, synthetic_checkpoint
-from scripts.errors import ClefError
+from scripts.checkpoint import synthetic_checkpoint
+from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,8 @@ def test_gated_deltanet_keeps_memory_at_real_width(one_layer):
     64 tokens, the even ones. in_proj_a has its own std 0.3 / sqrt(fan-in), not the projections'."""
     from safetensors import safe_open
 
-    from scripts import text_stack, tiny_checkpoint
+    from scripts.checkpoint import tiny_checkpoint
+    from scripts.qwen35 import text_stack
     from tests.test_tiny_checkpoint import KEPT, chunk_survival, heads_keeping_memory, record_embeds
 
     target, _ = one_layer

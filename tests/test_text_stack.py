@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from scripts import text_stack
-from scripts.errors import ClefError
+from scripts.qwen35 import text_stack
+from scripts.pipeline.errors import ClefError
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from scripts import clef_kernel, export, tflite_file
-from scripts.errors import ClefError
+from scripts.layers import gated_delta
+from scripts.litert import export, tflite_file
+from scripts.pipeline.errors import ClefError
 from tests.conftest import assert_one_line_error
 
 
@@ -133,7 +134,7 @@ def test_metadata_of_a_model_with_external_buffers(clean_model, tmp_path):
 ])
 def test_check_exportable(form, length, fragment):
     with pytest.raises(ClefError) as info:
-        export.check_exportable(clef_kernel.parse(form), length, 4096)
+        export.check_exportable(gated_delta.parse(form), length, 4096)
     assert fragment in str(info.value)
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from scripts import fetch, snapshot, tiny_checkpoint
+from scripts.checkpoint import fetch, snapshot, tiny_checkpoint
 
 
 def test_same_bytes_every_time(tiny_cache, tmp_path):
@@ -111,7 +111,7 @@ def test_tokenizer_round_trips(tiny_snapshot):
 
 def test_every_mixer_moves_the_hidden_state(tiny_snapshot):
     """Each GatedDeltaNet and attention layer adds at least 5% of the residual's norm."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     x = torch.randn(1, 48, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
@@ -155,8 +155,8 @@ KEPT = 0.1  # a head "keeps memory" when >= 10% of its state survives a window
 
 def record_embeds(snapshot, n: int = 200, seed: int = 11) -> tuple[list[int], torch.Tensor]:
     """A random record of n tokens (every id, massive-activation ones included) and its host embeds."""
-    from scripts.clef_host import Host
-    from scripts.model_check import random_ids
+    from scripts.qwen35.host import Host
+    from scripts.checks.model_check import random_ids
 
     host = Host(snapshot)
     ids = random_ids(n, host.embed_tokens.shape[0], seed)
@@ -196,7 +196,7 @@ def heads_keeping_memory(survival: dict[int, torch.Tensor]) -> dict[int, float]:
 def test_gated_deltanets_keep_memory_across_a_chunk(tiny_snapshot):
     """Measured, not nominal: in every GatedDeltaNet at least half the heads keep >= 10% of their
     state over 64 tokens, so a kernel that drops the state carried between chunks shows."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     _, embeds = record_embeds(tiny_snapshot)
@@ -223,7 +223,7 @@ def _old_draw(name: str, shape) -> torch.Tensor:
 def test_memory_measurement_sees_fast_decay(tiny_snapshot, fault):
     """The control: the same measurement on decays that forget within a chunk reports fewer than half
     the heads keeping memory, in every layer."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     for i, layer in enumerate(model.layers):
@@ -245,7 +245,7 @@ def test_massive_activations_in_the_residual_stream(tiny_snapshot):
     """At massive-activation tokens the 3 chosen channels of the residual stream are >= 50x the median
     |value| of the other channels (median over those positions) entering every layer; entering the
     first, at every other token they are ordinary."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     ids, embeds = record_embeds(tiny_snapshot)
@@ -267,8 +267,8 @@ def test_massive_activations_in_the_residual_stream(tiny_snapshot):
 def test_fp32_stack_is_finite_and_close_to_float64(tiny_snapshot):
     """The stock fp32 stack on a 200-token record (massive activations and long memory included)
     is finite and within 1e-3 of the same model in float64."""
-    from scripts import text_stack
-    from scripts.model_check import in_float64
+    from scripts.qwen35 import text_stack
+    from scripts.checks.model_check import in_float64
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     _, embeds = record_embeds(tiny_snapshot)

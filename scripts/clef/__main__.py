@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001  (the one place that turns any failure into one line)
         if args.debug:
             raise
-        from scripts.errors import ClefError
+        from scripts.pipeline.errors import ClefError
 
         message = " ".join(str(exc).split())
         if not isinstance(exc, ClefError):

@@ -5,8 +5,8 @@ import json
 import sys
 from pathlib import Path
 
-from scripts import release
-from scripts.errors import ClefError
+from scripts.release.bundle import bundle
+from scripts.pipeline.errors import ClefError
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
 
@@ -20,7 +20,7 @@ def progress(message: str) -> None:
 def open_host(root: Path, manifest: dict, weights: str | None):
     """The host tables of a release: its own bf16 embed_tokens / lm_head, or a checkpoint's
     (--weights), checked against the hashes the manifest records."""
-    from scripts.clef_host import Host
+    from scripts.qwen35.host import Host
 
     section = manifest["host"]
     if weights is None and section["weights"] != "include":
@@ -28,9 +28,9 @@ def open_host(root: Path, manifest: dict, weights: str | None):
                         f"({manifest['model']['repo']}@{manifest['model']['revision'][:12]}): pass --weights CHECKPOINT_DIR")
     host = Host(root / "host", weights=Path(weights) if weights else None)
     if weights is not None:
-        tables = release.host_tables(host)
+        tables = bundle.host_tables(host)
         for role, info in section["tensors"].items():
-            if release.tensor_sha256(tables[role]) != info["sha256"]:
+            if bundle.tensor_sha256(tables[role]) != info["sha256"]:
                 raise ClefError(f"{role} in {weights} is not the one this release was built with (sha256 differs)")
     return host
 
@@ -58,11 +58,11 @@ def smallest(candidates: list, fits, what: str, need: str):
 def run(args) -> int:
     import torch
 
-    from scripts.clef_host import PairRunner, litert_signature
-    from scripts.tflite_check import interpreter
+    from scripts.qwen35.host import PairRunner, litert_signature
+    from scripts.checks.tflite_check import interpreter
 
     root = Path(args.release)
-    manifest = release.load_manifest(root)
+    manifest = bundle.load_manifest(root)
     if args.top < 1:
         raise ClefError("--top must be at least 1")
     if args.question and not args.pair:
@@ -109,16 +109,16 @@ def run(args) -> int:
 # ---- verify ------------------------------------------------------------------------------------
 
 def verify(args) -> int:
-    from scripts import tflite_file
+    from scripts.litert import tflite_file
 
     root = Path(args.release)
     if not root.is_dir():
         raise ClefError(f"{root} is not a directory")
-    manifest = release.load_manifest(root)
-    problems = release.check_paths(root, manifest)
+    manifest = bundle.load_manifest(root)
+    problems = bundle.check_paths(root, manifest)
     if not problems:
         progress(f"verify {root}: hashing {len(manifest['files'])} files")
-        problems = release.check_files(root, manifest)
+        problems = bundle.check_files(root, manifest)
     if problems:
         for line in problems:
             print(f"FAIL {line}")
@@ -135,9 +135,9 @@ def verify(args) -> int:
             problems.append(f"{path}: metadata {bad} disagrees with the manifest {want}")
             continue
         ref = art["reference"]
-        record = release.load_reference(root, ref["file"])
-        measured = release.run_reference(root / path, art["kind"], record)
-        found = release.reference_problems(measured, ref)
+        record = bundle.load_reference(root, ref["file"])
+        measured = bundle.run_reference(root / path, art["kind"], record)
+        found = bundle.reference_problems(measured, ref)
         print(f"{'FAIL' if found else 'ok  '} {path}: max rel {measured['rel_vs_expected']:.2e}, per position "
               f"{measured['rel_per_position_vs_expected']:.2e} vs the manifest's {ref['max_rel']:.2e}, "
               f"{ref.get('max_rel_per_position', float('nan')):.2e} (thresholds {ref['threshold']:g}, "
@@ -155,7 +155,7 @@ def verify(args) -> int:
 def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
     """The reference record through every signature on LiteRT's GPU accelerator alone: fp32 mode held to
     the reference threshold, fp16 mode to being finite; each beside what the release measured."""
-    from scripts import gpu_accelerator, tflite_file
+    from scripts.litert import gpu_accelerator, tflite_file
 
     ref, gpu = art["reference"], art.get("gpu") or {}
     problems = []
@@ -169,12 +169,12 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
             print(f"FAIL {path}: GPU {mode}: {exc}")
             continue
         try:
-            figures = release.reference_error(compiled.signature, art["kind"], record)
+            figures = bundle.reference_error(compiled.signature, art["kind"], record)
         finally:
             compiled.close()
         measured = figures["rel_vs_expected"]
         if fp32:
-            ok = not release.reference_problems(figures, ref)
+            ok = not bundle.reference_problems(figures, ref)
             recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
             bound = f"thresholds {ref['threshold']:g}, per position {ref.get('threshold_per_position', float('nan')):g}"
         else:
@@ -195,14 +195,14 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
 def find_manifest(path: Path) -> Path | None:
     """The manifest of the release a file sits in (the file's directory or its parent)."""
     for d in (path.parent, path.parent.parent):
-        if (d / release.MANIFEST).is_file():
+        if (d / bundle.MANIFEST).is_file():
             return d
     return None
 
 
 def audit(args) -> int:
-    from scripts import tflite_file
-    from scripts.snapshot import sha256_file
+    from scripts.litert import tflite_file
+    from scripts.checkpoint.snapshot import sha256_file
 
     path = Path(args.file)
     if not path.is_file():
@@ -232,7 +232,7 @@ def audit(args) -> int:
     if root is None:
         print("manifest:  none beside this file")
         return 0
-    manifest = release.load_manifest(root)
+    manifest = bundle.load_manifest(root)
     rel = str(path.resolve().relative_to(root.resolve()))
     art = manifest["artifacts"].get(rel)
     disagree = []
@@ -245,7 +245,7 @@ def audit(args) -> int:
                 **{k: art[k] for k in ("L", "P", "S") if k in art}}
         disagree += [f"{k} is {meta.get(k)!r} here, {v!r} in the manifest" for k, v in want.items() if meta.get(k) != v]
     if disagree:
-        print(f"manifest:  {root / release.MANIFEST} DISAGREES: {'; '.join(disagree)}")
+        print(f"manifest:  {root / bundle.MANIFEST} DISAGREES: {'; '.join(disagree)}")
         return 1
-    print(f"manifest:  {root / release.MANIFEST} agrees (sha256, revision, form, shape)")
+    print(f"manifest:  {root / bundle.MANIFEST} agrees (sha256, revision, form, shape)")
     return 0
