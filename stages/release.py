@@ -68,11 +68,11 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
     """Everything the release will vouch for is there, verified, and of this revision and form."""
     for it in items:
         graph = tflite_file.require(it["path"], f"export{'_pair' if it['kind'] == 'pair' else ''}")
-        meta = tflite_file.read_metadata(graph) or {}
         want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
-        bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+        meta = tflite_file.read_metadata(graph)
+        bad = tflite_file.metadata_mismatches(meta, want)
         if bad:
-            raise ClefError(f"{it['path']}: metadata {bad} does not match {want}; rerun its export stage")
+            raise ClefError(f"{it['path']}: metadata {'; '.join(bad)}; rerun its export stage")
         for check in it["checks"]:
             m = read_metrics(check)
             if m.get("passed") is False:

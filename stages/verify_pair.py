@@ -48,12 +48,12 @@ def main() -> None:
     model, _, _ = patch.load(snap, form)
     host = Host(snap)
     census = tflite_file.census(path)
-    meta = tflite_file.read_metadata(path) or {}
+    meta = tflite_file.read_metadata(path)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     if set(census["signatures"]) != {"prefix", "suffix"}:
         problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
     expected = {"revision": rec["revision"], "form": form, "kind": "pair", "P": a.prefix, "S": a.suffix}
-    problems += [f"metadata: {k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
     shapes = pair_graph.state_shapes(model, a.prefix)
     runners = {"torch": PairRunner(host, torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),

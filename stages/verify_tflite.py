@@ -36,10 +36,7 @@ def main() -> None:
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     expected = {"repo": rec["repo"], "revision": rec["revision"], "form": form, "kind": "row", "L": length,
                 "contract_version": row_graph.CONTRACT_VERSION}
-    if meta is None:
-        problems.append("metadata: no clef_litert entry")
-    else:
-        problems += [f"metadata: {k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
     model, _, _ = patch.load(snap, form)
     host = Host(snap)

@@ -162,3 +162,12 @@ def test_failed_conversion_leaves_no_tflite(workdir, monkeypatch):
     with pytest.raises(RuntimeError, match="midway"):
         export_stage.main()
     assert not list(workdir.rglob("*.tflite")) and not list(workdir.rglob("*.partial"))
+
+
+def test_metadata_mismatches_names_each_key_that_differs():
+    """The one identity check of a graph (verify_tflite, verify_pair, the release, clef verify and audit)."""
+    meta = {"revision": "a" * 40, "form": "R64+dd", "kind": "row", "L": 64}
+    assert tflite_file.metadata_mismatches(meta, {"form": "R64+dd", "L": 64}) == []
+    assert tflite_file.metadata_mismatches(meta, {"form": "R32+dd", "L": 64, "P": 8}) == [
+        "form is 'R64+dd', expected 'R32+dd'", "P is None, expected 8"]
+    assert tflite_file.metadata_mismatches(None, {"L": 64}) == [f"no {tflite_file.METADATA_NAME} metadata entry"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from scripts.checkpoint import tiny_checkpoint as tiny
+from scripts.qwen35.checkpoint_layout import EMBED_TOKENS, TEXT_PREFIX
 
 REPO = "clef-litert/clef-flash-synthetic"
 
@@ -61,7 +62,7 @@ def projection_std(shape: tuple[int, ...]) -> float:
 
 def shard_groups(names: list[str], layers: int) -> list[list[str]]:
     """One shard per decoder layer, then one for everything else (embeddings, norm, lm_head, vision, MTP)."""
-    groups = [[n for n in names if n.startswith(f"model.language_model.layers.{i}.")] for i in range(layers)]
+    groups = [[n for n in names if n.startswith(f"{TEXT_PREFIX}layers.{i}.")] for i in range(layers)]
     placed = {n for g in groups for n in g}
     return groups + [[n for n in names if n not in placed]]
 
@@ -97,9 +98,8 @@ def write(target: Path, layers: int) -> str:
 def fp32_text_bytes(layers: int) -> int:
     """The fp32 bytes of the text stack the pipeline builds (embed_tokens excluded: the host's)."""
     cfg = tiny.config(text_config(layers))
-    prefix = "model.language_model."
     return 4 * sum(math.prod(s) for k, s in tiny.shapes(cfg).items()
-                   if k.startswith(prefix) and not k.endswith("embed_tokens.weight"))
+                   if k.startswith(TEXT_PREFIX) and k != EMBED_TOKENS)
 
 
 if __name__ == "__main__":  # python -m scripts.checkpoint.synthetic_checkpoint: the sizes, without writing

@@ -127,12 +127,10 @@ def verify(args) -> int:
     arts = manifest["artifacts"]
     for i, (path, art) in enumerate(sorted(arts.items()), 1):
         progress(f"[{i}/{len(arts)}] {path}: metadata, reference record in the interpreter")
-        meta = tflite_file.read_metadata(root / path) or {}
-        want = {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": art["kind"],
-                **{k: art[k] for k in ("L", "P", "S") if k in art}}
-        bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+        bad = tflite_file.metadata_mismatches(tflite_file.read_metadata(root / path),
+                                              bundle.expected_metadata(manifest, art))
         if bad:
-            problems.append(f"{path}: metadata {bad} disagrees with the manifest {want}")
+            problems.append(f"{path}: metadata disagrees with the manifest: {'; '.join(bad)}")
             continue
         ref = art["reference"]
         record = bundle.load_reference(root, ref["file"])
@@ -241,9 +239,7 @@ def audit(args) -> int:
     else:
         if art["sha256"] != digest:
             disagree.append("its sha256 differs from the manifest's")
-        want = {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": art["kind"],
-                **{k: art[k] for k in ("L", "P", "S") if k in art}}
-        disagree += [f"{k} is {meta.get(k)!r} here, {v!r} in the manifest" for k, v in want.items() if meta.get(k) != v]
+        disagree += tflite_file.metadata_mismatches(meta, bundle.expected_metadata(manifest, art))
     if disagree:
         print(f"manifest:  {root / bundle.MANIFEST} DISAGREES: {'; '.join(disagree)}")
         return 1

@@ -264,6 +264,14 @@ def read_metadata(source) -> dict | None:
     return None
 
 
+def metadata_mismatches(meta: dict | None, expected: dict) -> list[str]:
+    """What a graph's metadata (read_metadata) says against what it should: one phrase per key that
+    differs, [] when every expected key agrees. Every check of a graph's identity goes through here."""
+    if meta is None:
+        return [f"no {METADATA_NAME} metadata entry"]
+    return [f"{k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
+
+
 def matmul_flops(source) -> dict:
     """FLOPs of the model's multiply-accumulate ops, counted from its tensor shapes (2 per MAC):
     FULLY_CONNECTED, BATCH_MATMUL, DEPTHWISE_CONV_2D. What the row graph must compute at least; the

@@ -15,15 +15,13 @@ import torch
 
 from scripts.pipeline.errors import ClefError
 from scripts.checkpoint.snapshot import check_tokenizer, read_json, text_config
-
-PREFIX = "model.language_model."
-
+from scripts.qwen35.checkpoint_layout import EMBED_TOKENS, LM_HEAD, rotary_width
 
 def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
     """[R/2] float32, as transformers computes them for rope_type default."""
     if rope.get("rope_type", "default") != "default":
         raise ClefError(f"rope_type {rope.get('rope_type')!r} is not supported by the host (default only)")
-    dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    dim = rotary_width(head_dim, rope)
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
     return 1.0 / (rope["rope_theta"] ** exponents)
 
@@ -84,7 +82,7 @@ class Host:
         self.hidden_size = config["hidden_size"]
         self.head_dim = config["head_dim"]
         self.rope = config["rope_parameters"]
-        self.rotary = int(self.head_dim * self.rope.get("partial_rotary_factor", 1.0))
+        self.rotary = rotary_width(self.head_dim, self.rope)
         self._tables: dict = {}
         self._tokenizer = None
 
@@ -102,11 +100,11 @@ class Host:
 
     @property
     def embed_tokens(self) -> torch.Tensor:
-        return self._tensor(PREFIX + "embed_tokens.weight")
+        return self._tensor(EMBED_TOKENS)
 
     @property
     def lm_head(self) -> torch.Tensor:
-        return self._tensor("lm_head.weight")
+        return self._tensor(LM_HEAD)
 
     @property
     def tokenizer(self):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from scripts.qwen35 import checkpoint_layout
+
 # 2: a pair's state carries one attn_slots for every attention layer (was one per layer)
 CONTRACT_VERSION = 2
 MASKED = -1e4
@@ -61,5 +63,5 @@ def contract(config, length: int, form: str) -> dict:
 
 
 def rotary_width(config) -> int:
-    """R = head_dim x partial_rotary_factor (the width of the cos/sin tables)."""
-    return int(config.head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
+    """The rotary tables' width for a model config (checkpoint_layout.rotary_width)."""
+    return checkpoint_layout.rotary_width(config.head_dim, config.rope_parameters)

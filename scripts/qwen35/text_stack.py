@@ -15,8 +15,9 @@ from torch import nn
 
 from scripts.pipeline.errors import ClefError
 from scripts.checkpoint.snapshot import read_json, refuse_pickles
+from scripts.qwen35 import checkpoint_layout
 
-PREFIX = "model.language_model."
+PREFIX = checkpoint_layout.TEXT_PREFIX
 HOST_TENSORS = ("embed_tokens.weight",)  # run on the host, not in the graph
 
 

@@ -25,13 +25,14 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from scripts.pipeline import atomic, params
+from scripts.qwen35 import checkpoint_layout
 from scripts.pipeline.errors import ClefError
 from scripts.checkpoint.snapshot import file_digest, sha256_file  # noqa: F401  (sha256_file: part of this module's API)
 
 FORMAT = "clef-litert-release/1"
 MANIFEST = "manifest.json"
 CARD = "README.md"
-HOST_TENSORS = {"embed_tokens": "model.language_model.embed_tokens.weight", "lm_head": "lm_head.weight"}
+HOST_TENSORS = {"embed_tokens": checkpoint_layout.EMBED_TOKENS, "lm_head": checkpoint_layout.LM_HEAD}
 HOST_WEIGHTS = "host/model.safetensors"
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
 
@@ -224,6 +225,12 @@ def write_tarball(src: Path, dest: Path, top: str) -> None:
 
 
 # ---- reading a release (clef verify / run / audit) ---------------------------------------------
+
+def expected_metadata(manifest: dict, artifact: dict) -> dict:
+    """What a release's graph must say of itself (tflite_file.read_metadata) given its manifest entry."""
+    return {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": artifact["kind"],
+            **{k: artifact[k] for k in ("L", "P", "S") if k in artifact}}
+
 
 def load_manifest(root: Path) -> dict:
     path = Path(root) / MANIFEST
