@@ -3,7 +3,6 @@ results/export_bench.json. Converts the L=64 row graph under the form and sets i
 `loop` kernel's conversion (results/export_stock.json): conversion time, per-layer op counts and
 interpreter latency; then the LiteRT vs torch latency of every exported L (artifacts/rows/, medians
 of interleaved rounds). A benchmark, never a test: these machines are noisy."""
-import json
 
 from scripts.bench.report import conversion_bench
 from scripts.checks import model_check
@@ -24,14 +23,14 @@ def main() -> None:
     lengths = p["lengths"]
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    stock = json.loads(tflite_file.read_artifact(layout.result_path("export_stock"), "export_stock"))
+    stock = layout.read_record(layout.result_path("export_stock"), "export_stock")
     host = Host(snap)
     ours = conversion_bench.convert_timed(snap, form, host)
     model, _, _ = patch.load(snap, form, progress=False)
     per_l = {}
     for n in lengths:
         path = layout.row_path(n)
-        census = tflite_file.census(tflite_file.require(path, f"export@{n}"))
+        census = tflite_file.census(layout.require(path, f"export@{n}"))
         runner = tflite_check.interpreter(path).get_signature_runner()
         timing = tflite_check.latency(runner, row_graph.ClefRowPrefill(model, n).eval(),
                                       host.record(model_check.random_ids(n, model.config.vocab_size, n), n),

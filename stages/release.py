@@ -6,7 +6,6 @@ Refuses, before building anything, an artifact that is missing, whose metadata n
 revision, form or shape, or whose verify stage did not pass; and after running each reference
 record, one whose error is over the threshold its verify stage held it to.
 """
-import json
 import shutil
 
 from scripts.checks import model_check
@@ -46,7 +45,7 @@ GPU_FIGURES = ("fully_accelerated", "fp32_max_rel_vs_torch", "threshold_fp32", "
 
 def gpu_section(name: str) -> dict:
     """What verify_gpu measured for one graph on LiteRT's GPU accelerator, and the device that ran it."""
-    doc = json.loads(tflite_file.read_artifact(layout.gpu_result_path(name), producer(name)))
+    doc = layout.read_record(layout.gpu_result_path(name), producer(name))
     return {k: doc[k] for k in GPU_FIGURES}
 
 
@@ -61,13 +60,13 @@ def producer(check: str) -> str:
 
 
 def read_metrics(name: str) -> dict:
-    return json.loads(tflite_file.read_artifact(layout.metrics_path(name), producer(name)))
+    return layout.read_record(layout.metrics_path(name), producer(name))
 
 
 def preflight(items: list[dict], rec: dict, form: str) -> None:
     """Everything the release will vouch for is there, verified, and of this revision and form."""
     for it in items:
-        graph = tflite_file.require(it["path"], f"export{'_pair' if it['kind'] == 'pair' else ''}")
+        graph = layout.require(it["path"], f"export{'_pair' if it['kind'] == 'pair' else ''}")
         want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
         meta = tflite_file.read_metadata(graph)
         bad = tflite_file.metadata_mismatches(meta, want)

@@ -33,7 +33,7 @@ def main() -> None:
     limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
     is_row = a.length is not None
     name = layout.gpu_name(a.length) if is_row else layout.gpu_name(prefix=a.prefix, suffix=a.suffix)
-    path = tflite_file.require(layout.row_path(a.length) if is_row else layout.pair_path(a.prefix, a.suffix),
+    path = layout.require(layout.row_path(a.length) if is_row else layout.pair_path(a.prefix, a.suffix),
                                f"export@{a.length}" if is_row else "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)

@@ -42,7 +42,7 @@ def main() -> None:
     limit = limits["rel_vs_row"]
     min_over = params.min_over_threshold(p)
     path = layout.pair_path(a.prefix, a.suffix)
-    tflite_file.require(path, "export_pair")
+    layout.require(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     model, _, _ = patch.load(snap, form)

@@ -28,7 +28,7 @@ def main() -> None:
     limit = limits["rel_vs_torch"]
     min_over = params.min_over_threshold(p)
     path = layout.row_path(length)
-    tflite_file.require(path, "export")
+    layout.require(path, "export")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     census = tflite_file.census(path)

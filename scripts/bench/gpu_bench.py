@@ -33,7 +33,7 @@ from torch import nn
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.litert import export, gpu_accelerator, tflite_file
-from scripts.pipeline import atomic, provenance
+from scripts.pipeline import atomic, layout, provenance
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.pipeline.errors import EXIT_BAD_INPUT, ClefError
@@ -280,7 +280,7 @@ def main() -> None:
     load_start = os.getloadavg()
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    form = (tflite_file.read_metadata(tflite_file.require(OURS_ROW, "export")) or {}).get("form")
+    form = (tflite_file.read_metadata(layout.require(OURS_ROW, "export")) or {}).get("form")
     if not form:
         raise ClefError(f"{OURS_ROW} names no form in its metadata")
     model, _, _ = patch.load(snap, form, progress=False)

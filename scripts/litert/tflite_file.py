@@ -49,21 +49,6 @@ DATA_ALIGN = 64  # external buffers start on 64-byte boundaries (the converter's
 COPY_CHUNK = 1 << 26
 
 
-def require(path, producer: str) -> Path:
-    """The path of an artifact a stage reads, or one line naming the stage that makes it."""
-    from scripts.pipeline.errors import ClefError
-
-    path = Path(path)
-    if not path.is_file():
-        raise ClefError(f"no {path}: run the {producer} stage first")
-    return path
-
-
-def read_artifact(path, producer: str) -> bytes:
-    """The bytes of a small artifact (a JSON record) a stage reads; see `require`."""
-    return require(path, producer).read_bytes()
-
-
 def _data_start(buf) -> int:
     """Where the external weight data begins (the smallest buffer offset), or len(buf) if the model
     keeps all its data inside the flatbuffer. Offsets 0 and 1 mean "inline" in the schema."""

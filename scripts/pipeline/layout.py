@@ -63,3 +63,20 @@ def gpu_name(length: int | None = None, prefix: int | None = None, suffix: int |
 def gpu_result_path(name: str) -> Path:
     """verify_gpu's detailed record, e.g. gpu_result_path(gpu_name(64)) = results/gpu/gpu_row_L64.json."""
     return GPU / f"{name}.json"
+
+
+def require(path, producer: str) -> Path:
+    """The path of an artifact a stage reads, or one line naming the stage that makes it."""
+    from scripts.pipeline.errors import ClefError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no {path}: run the {producer} stage first")
+    return path
+
+
+def read_record(path, producer: str) -> dict:
+    """A JSON record another stage wrote (results/...), or one line naming that stage."""
+    import json
+
+    return json.loads(require(path, producer).read_text())
