@@ -4,7 +4,7 @@ results/export_bench.json. Converts the L=64 row graph under the form and sets i
 interpreter latency; then the LiteRT vs torch latency of every exported L (artifacts/rows/, medians
 of interleaved rounds). A benchmark, never a test: these machines are noisy."""
 
-from scripts.bench.report import conversion_bench
+from scripts.bench import conversion_bench
 from scripts.checks import model_check
 from scripts.layers import kernel_form
 from scripts.pipeline import atomic, layout, metrics, params

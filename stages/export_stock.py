@@ -1,7 +1,7 @@
 """DVC stage `export_stock`: the L=64 row graph converted with the stock `loop` kernel (transformers'
 algorithm op for op, constant identity so it loads) -> results/export_stock.json: the baseline the
 form is measured against in export_bench. It reads no form, so trying a new form does not redo it."""
-from scripts.bench.report import conversion_bench
+from scripts.bench import conversion_bench
 from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout
 from scripts.qwen35.host import Host

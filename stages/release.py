@@ -15,7 +15,7 @@ from scripts.qwen35 import patch
 from scripts.checkpoint import snapshot
 from scripts.litert import tflite_file
 from scripts.qwen35 import row_graph
-from scripts.release.bundle import bundle, card
+from scripts.release import bundle, card
 from scripts.qwen35.host import Host
 from scripts.pipeline.errors import ClefError, run_stage
 

@@ -12,7 +12,7 @@ from scripts.qwen35 import patch
 from scripts.checks import tflite_check
 from scripts.pipeline import params
 from scripts.qwen35 import pair_graph, text_stack
-from scripts.release.bundle import bundle
+from scripts.release import bundle
 from scripts.qwen35.host import Host, PairRunner
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35.row_graph import ClefRowPrefill

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from scripts.bench.report import real_width, report
+from scripts.bench import real_width, report
 from scripts.pipeline import params
 from tests.conftest import ROOT
 

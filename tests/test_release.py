@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scripts.pipeline import atomic, params
-from scripts.release.bundle import bundle
+from scripts.release import bundle
 from scripts.pipeline.errors import ClefError
 from tests.conftest import assert_one_line_error, clef, run_stage, tool_env
 

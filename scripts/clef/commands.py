@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from scripts.release.bundle import bundle
+from scripts.release import bundle
 from scripts.pipeline.errors import ClefError
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
