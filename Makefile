@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release test env vulkan real-width bench gpu-bench gpu-parts
+.PHONY: release test test-fast lint env vulkan real-width bench gpu-bench gpu-parts
 
 env: $(STAMP) vulkan
 
@@ -25,8 +25,18 @@ $(STAMP): requirements.txt pyproject.toml
 release: env
 	dvc repro
 
-test: env
+# Format and lint with ruff (pinned in requirements.txt, configured in pyproject.toml): first in both tiers.
+lint: env
+	ruff check
+	ruff format --check
+
+test: env lint
 	python -m pytest -q
+
+# The fast tier, for a change to one module: every test but those that need the whole pipeline run
+# (marked `pipeline` by tests/conftest.py) or convert graphs (marked `slow`).
+test-fast: env lint
+	python -m pytest -q -m "not pipeline and not slow"
 
 # The whole pipeline on the real-width synthetic checkpoint (clef-flash's widths, 4 layers) in its own
 # workspace, artifacts/real-width/, then results/bench.json. A benchmark: not part of `make test`.

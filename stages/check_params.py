@@ -5,6 +5,7 @@ stops `dvc repro` before any stage has removed an output. The output only says t
 valid edits leave it byte-identical, so they rerun nothing that does not read what changed. It is a
 persistent output (DVC does not delete it before the run), so a refused run leaves it in place too.
 """
+
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import run_stage
 

@@ -5,16 +5,14 @@ interpreter latency; then the LiteRT vs torch latency of every exported L (artif
 of interleaved rounds). A benchmark, never a test: these machines are noisy."""
 
 from scripts.bench import conversion_bench
-from scripts.checks import model_check
-from scripts.layers import kernel_form
-from scripts.pipeline import atomic, layout, metrics, params
-from scripts.qwen35 import patch
 from scripts.checkpoint import snapshot
-from scripts.checks import tflite_check
+from scripts.checks import model_check, tflite_check
+from scripts.layers import kernel_form
 from scripts.litert import tflite_file
-from scripts.qwen35 import row_graph
-from scripts.qwen35.host import Host
+from scripts.pipeline import atomic, layout, metrics, params
 from scripts.pipeline.errors import run_stage
+from scripts.qwen35 import patch, row_graph
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
@@ -32,24 +30,41 @@ def main() -> None:
         path = layout.row_path(n)
         census = tflite_file.census(layout.require(path, f"export@{n}"))
         runner = tflite_check.interpreter(path).get_signature_runner()
-        timing = tflite_check.latency(runner, row_graph.ClefRowPrefill(model, n).eval(),
-                                      host.record(model_check.random_ids(n, model.config.vocab_size, n), n),
-                                      repeats=p["export_bench"]["latency_repeats"])
-        per_l[str(n)] = {**timing, "ops_per_gdn_layer_max": max(census["ops_per_gdn_layer"].values()),
-                         "op_total": census["op_total"]}
-    result = {"L": conversion_bench.BENCH_L, "form": ours, "stock_loop": stock,
-              "convert_time_stock_over_form": stock["convert_seconds"] / ours["convert_seconds"],
-              "litert_time_stock_over_form": stock["litert_median_s"] / ours["litert_median_s"],
-              "gdn_ops_stock_over_form": stock["ops_per_gdn_layer_max"] / ours["ops_per_gdn_layer_max"],
-              "target_ops_per_gdn_layer_at_L64": p["export_bench"]["target_ops_per_gdn_layer_at_L64"], "per_L": per_l}
+        timing = tflite_check.latency(
+            runner,
+            row_graph.ClefRowPrefill(model, n).eval(),
+            host.record(model_check.random_ids(n, model.config.vocab_size, n), n),
+            repeats=p["export_bench"]["latency_repeats"],
+        )
+        per_l[str(n)] = {
+            **timing,
+            "ops_per_gdn_layer_max": max(census["ops_per_gdn_layer"].values()),
+            "op_total": census["op_total"],
+        }
+    result = {
+        "L": conversion_bench.BENCH_L,
+        "form": ours,
+        "stock_loop": stock,
+        "convert_time_stock_over_form": stock["convert_seconds"] / ours["convert_seconds"],
+        "litert_time_stock_over_form": stock["litert_median_s"] / ours["litert_median_s"],
+        "gdn_ops_stock_over_form": stock["ops_per_gdn_layer_max"] / ours["ops_per_gdn_layer_max"],
+        "target_ops_per_gdn_layer_at_L64": p["export_bench"]["target_ops_per_gdn_layer_at_L64"],
+        "per_L": per_l,
+    }
     atomic.write_json(layout.result_path("export_bench"), result)
-    metrics.write("export_bench", L=conversion_bench.BENCH_L, ops_per_gdn_layer=ours["ops_per_gdn_layer_max"],
-                  gdn_ops_stock_over_form=result["gdn_ops_stock_over_form"],
-                  convert_time_stock_over_form=result["convert_time_stock_over_form"],
-                  litert_time_stock_over_form=result["litert_time_stock_over_form"])
-    print(f"export_bench L={conversion_bench.BENCH_L}: ops per GatedDeltaNet {ours['ops_per_gdn_layer_max']} (form) vs "
-          f"{stock['ops_per_gdn_layer_max']} (loop); conversion {ours['convert_seconds']:.0f} s vs "
-          f"{stock['convert_seconds']:.0f} s; interpreter {result['litert_time_stock_over_form']:.2f}x faster")
+    metrics.write(
+        "export_bench",
+        L=conversion_bench.BENCH_L,
+        ops_per_gdn_layer=ours["ops_per_gdn_layer_max"],
+        gdn_ops_stock_over_form=result["gdn_ops_stock_over_form"],
+        convert_time_stock_over_form=result["convert_time_stock_over_form"],
+        litert_time_stock_over_form=result["litert_time_stock_over_form"],
+    )
+    print(
+        f"export_bench L={conversion_bench.BENCH_L}: ops per GatedDeltaNet {ours['ops_per_gdn_layer_max']} (form) vs "
+        f"{stock['ops_per_gdn_layer_max']} (loop); conversion {ours['convert_seconds']:.0f} s vs "
+        f"{stock['convert_seconds']:.0f} s; interpreter {result['litert_time_stock_over_form']:.2f}x faster"
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 model.source tiny writes the embedded checkpoint; hub downloads model.repo at model.revision.
 """
+
 from scripts.checkpoint import fetch
 from scripts.pipeline import atomic, params
 from scripts.pipeline.errors import run_stage

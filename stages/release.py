@@ -6,41 +6,67 @@ Refuses, before building anything, an artifact that is missing, whose metadata n
 revision, form or shape, or whose verify stage did not pass; and after running each reference
 record, one whose error is over the threshold its verify stage held it to.
 """
+
 import shutil
 
+from scripts.checkpoint import snapshot
 from scripts.checks import model_check
 from scripts.layers import kernel_form
-from scripts.pipeline import atomic, layout, params, provenance
-from scripts.qwen35 import patch
-from scripts.checkpoint import snapshot
 from scripts.litert import tflite_file
-from scripts.qwen35 import row_graph
-from scripts.release import bundle, card
-from scripts.qwen35.host import Host
+from scripts.pipeline import atomic, layout, params, provenance
 from scripts.pipeline.errors import ClefError, run_stage
+from scripts.qwen35 import patch, row_graph
+from scripts.qwen35.host import Host
+from scripts.release import bundle, card
 
 REFERENCE_SEED = 20261129
 
 
 def planned(p: dict) -> list[dict]:
     """The artifacts params.yaml asks for, each with the checks that vouch for it."""
-    out = [{"kind": "row", "shape": {"L": n}, "path": layout.row_path(n), "gpu": layout.gpu_name(n),
+    out = [
+        {
+            "kind": "row",
+            "shape": {"L": n},
+            "path": layout.row_path(n),
+            "gpu": layout.gpu_name(n),
             "checks": [f"tflite_L{n}", f"export_L{n}", layout.gpu_name(n)],
-            "bounds": params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))}
-           for n in p["lengths"]]
+            "bounds": params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch")),
+        }
+        for n in p["lengths"]
+    ]
     for q in p["pairs"]:
         name = layout.pair_name(q["prefix"], q["suffix"])
         gpu = layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"])
-        out.append({"kind": "pair", "shape": {"P": q["prefix"], "S": q["suffix"]}, "gpu": gpu,
-                    "path": layout.pair_path(q["prefix"], q["suffix"]), "checks": [name, f"export_{name}", gpu],
-                    "bounds": params.bounds(p, "verify_pair", ("rel_vs_row", "rel_per_position_vs_row"))})
+        out.append(
+            {
+                "kind": "pair",
+                "shape": {"P": q["prefix"], "S": q["suffix"]},
+                "gpu": gpu,
+                "path": layout.pair_path(q["prefix"], q["suffix"]),
+                "checks": [name, f"export_{name}", gpu],
+                "bounds": params.bounds(p, "verify_pair", ("rel_vs_row", "rel_per_position_vs_row")),
+            }
+        )
     return out
 
 
-GPU_FIGURES = ("fully_accelerated", "fp32_max_rel_vs_torch", "threshold_fp32", "fp32_max_rel_per_position_vs_torch",
-               "threshold_per_position_fp32", "fp16_max_rel_vs_f64",
-               "fp16_max_rel_per_position_vs_f64", "floor_max_rel_vs_f64", "floor_max_rel_per_position_vs_f64",
-               "fp16_over_floor", "fp16_target_over_floor", "fp16_within_target", "all_finite", "device")
+GPU_FIGURES = (
+    "fully_accelerated",
+    "fp32_max_rel_vs_torch",
+    "threshold_fp32",
+    "fp32_max_rel_per_position_vs_torch",
+    "threshold_per_position_fp32",
+    "fp16_max_rel_vs_f64",
+    "fp16_max_rel_per_position_vs_f64",
+    "floor_max_rel_vs_f64",
+    "floor_max_rel_per_position_vs_f64",
+    "fp16_over_floor",
+    "fp16_target_over_floor",
+    "fp16_within_target",
+    "all_finite",
+    "device",
+)
 
 
 def gpu_section(name: str) -> dict:
@@ -51,9 +77,18 @@ def gpu_section(name: str) -> dict:
 
 def producer(check: str) -> str:
     """The stage that writes results/metrics/<check>.json."""
-    for prefix, stage in (("gpu_row", "verify_gpu_row"), ("gpu_pair", "verify_gpu_pair"), ("tflite_", "verify_tflite"), ("export_pair_", "export_pair"), ("export_L", "export"),
-                          ("pair_", "verify_pair"), ("kernel_bench", "kernel_bench"), ("kernel", "verify_kernel"),
-                          ("layers", "verify_layers"), ("model", "verify_model")):
+    for prefix, stage in (
+        ("gpu_row", "verify_gpu_row"),
+        ("gpu_pair", "verify_gpu_pair"),
+        ("tflite_", "verify_tflite"),
+        ("export_pair_", "export_pair"),
+        ("export_L", "export"),
+        ("pair_", "verify_pair"),
+        ("kernel_bench", "kernel_bench"),
+        ("kernel", "verify_kernel"),
+        ("layers", "verify_layers"),
+        ("model", "verify_model"),
+    ):
         if check.startswith(prefix):
             return stage
     return check
@@ -89,8 +124,12 @@ def reference_record(it: dict, model, host: Host) -> dict:
     P, S = it["shape"]["P"], it["shape"]["S"]
     p = max(1, P // 2)
     ids = model_check.random_ids(p + S, vocab, REFERENCE_SEED + P + S)
-    return bundle.pair_reference(row_graph.ClefRowPrefill(model, P + S).eval(), host.record(ids[:p], P),
-                                  host.record(ids[p:], S, start=p), host.record(ids, P + S))
+    return bundle.pair_reference(
+        row_graph.ClefRowPrefill(model, P + S).eval(),
+        host.record(ids[:p], P),
+        host.record(ids[p:], S, start=p),
+        host.record(ids, P + S),
+    )
 
 
 def main() -> None:
@@ -101,7 +140,9 @@ def main() -> None:
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     preflight(items, rec, form)
-    overall = {name: read_metrics(name) for name in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
+    overall = {
+        name: read_metrics(name) for name in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")
+    }
     if not all(overall[n].get("passed", True) for n in overall):
         raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
 
@@ -125,24 +166,37 @@ def main() -> None:
         save_file(record, str(build / check_file))
         measured = bundle.run_reference(build / rel_path, it["kind"], record)
         global_bound, position_bound = it["bounds"].values()
-        reference = {"file": check_file, "max_rel": measured["rel_vs_expected"], "threshold": global_bound,
-                     "max_rel_per_position": measured["rel_per_position_vs_expected"],
-                     "threshold_per_position": position_bound}
+        reference = {
+            "file": check_file,
+            "max_rel": measured["rel_vs_expected"],
+            "threshold": global_bound,
+            "max_rel_per_position": measured["rel_per_position_vs_expected"],
+            "threshold_per_position": position_bound,
+        }
         found = bundle.reference_problems(measured, reference)
         if found:
             raise ClefError(f"{rel_path}: reference record: {found[0]}")
         contract = it["metadata"]["contract"]
         export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
         artifacts[rel_path] = {
-            "kind": it["kind"], **it["shape"], "form": form, "sha256": bundle.sha256_file(build / rel_path),
-            "bytes": (build / rel_path).stat().st_size, "md5": bundle.md5_file(build / rel_path),
-            "dvc_lock": {"stage": export_stage, "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None},
+            "kind": it["kind"],
+            **it["shape"],
+            "form": form,
+            "sha256": bundle.sha256_file(build / rel_path),
+            "bytes": (build / rel_path).stat().st_size,
+            "md5": bundle.md5_file(build / rel_path),
+            "dvc_lock": {
+                "stage": export_stage,
+                "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
+            },
             "signatures": bundle.signatures(it["census"], contract),
             "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
             "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
             "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
-            "verification": {c: read_metrics(c) for c in it["checks"]}, "gpu": gpu_section(it["gpu"]),
-            "reference": reference}
+            "verification": {c: read_metrics(c) for c in it["checks"]},
+            "gpu": gpu_section(it["gpu"]),
+            "reference": reference,
+        }
 
     name = bundle.release_name(rec, form)
     card_text = card.render(name, rec, form, host_section, artifacts, overall)
@@ -150,12 +204,27 @@ def main() -> None:
     files = bundle.file_table(build)
     git = provenance.git_state()
     manifest = {
-        "format": bundle.FORMAT, "name": name,
-        "model": {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"],
-                  "snapshot_files": {e["name"]: {"sha256": e["sha256"], "size": e["size"]}
-                                     for e in sorted(rec["files"], key=lambda e: e["name"])}},
-        "form": form, "params": p, "versions": provenance.package_versions(), "git": git,
-        "host": host_section, "artifacts": artifacts, "verification": overall, "stages": lock, "files": files}
+        "format": bundle.FORMAT,
+        "name": name,
+        "model": {
+            "repo": rec["repo"],
+            "revision": rec["revision"],
+            "source": rec["source"],
+            "snapshot_files": {
+                e["name"]: {"sha256": e["sha256"], "size": e["size"]}
+                for e in sorted(rec["files"], key=lambda e: e["name"])
+            },
+        },
+        "form": form,
+        "params": p,
+        "versions": provenance.package_versions(),
+        "git": git,
+        "host": host_section,
+        "artifacts": artifacts,
+        "verification": overall,
+        "stages": lock,
+        "files": files,
+    }
     atomic.write_json(build / bundle.MANIFEST, manifest)
     atomic.swap_in_dir(build, layout.RELEASE)
 
@@ -164,19 +233,32 @@ def main() -> None:
     bundle.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
     atomic.swap_in_dir(dist, layout.DIST)
 
-    rows = [{"L": a["L"], "max_rel_vs_torch": a["verification"][f"tflite_L{a['L']}"]["max_rel"],
-             "litert_ms": a["verification"][f"tflite_L{a['L']}"].get("litert_ms"),
-             "torch_over_litert": a["verification"][f"tflite_L{a['L']}"].get("torch_over_litert"),
-             "ops_per_gdn_layer": a["verification"][f"tflite_L{a['L']}"].get("ops_per_gdn_layer")}
-            for a in sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])]
-    pairs = [{"P": a["P"], "S": a["S"], "max_rel_vs_row": a["verification"][layout.pair_name(a["P"], a["S"])]["max_rel"],
-              "bytes": a["bytes"]}
-             for a in sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: a["P"])]
+    rows = [
+        {
+            "L": a["L"],
+            "max_rel_vs_torch": a["verification"][f"tflite_L{a['L']}"]["max_rel"],
+            "litert_ms": a["verification"][f"tflite_L{a['L']}"].get("litert_ms"),
+            "torch_over_litert": a["verification"][f"tflite_L{a['L']}"].get("torch_over_litert"),
+            "ops_per_gdn_layer": a["verification"][f"tflite_L{a['L']}"].get("ops_per_gdn_layer"),
+        }
+        for a in sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
+    ]
+    pairs = [
+        {
+            "P": a["P"],
+            "S": a["S"],
+            "max_rel_vs_row": a["verification"][layout.pair_name(a["P"], a["S"])]["max_rel"],
+            "bytes": a["bytes"],
+        }
+        for a in sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: a["P"])
+    ]
     atomic.write_json(layout.PLOTS / "rows.json", rows)
     atomic.write_json(layout.PLOTS / "pairs.json", pairs)
-    print(f"release: {layout.RELEASE} ({len(files)} files, {len(artifacts)} graphs), "
-          f"{layout.DIST / (name + '.tar.gz')}; git {git['commit'] and git['commit'][:12]}"
-          f"{'' if git['clean'] else ' (uncommitted changes: ' + ', '.join(git['changed'][:5]) + ')'}")
+    print(
+        f"release: {layout.RELEASE} ({len(files)} files, {len(artifacts)} graphs), "
+        f"{layout.DIST / (name + '.tar.gz')}; git {git['commit'] and git['commit'][:12]}"
+        f"{'' if git['clean'] else ' (uncommitted changes: ' + ', '.join(git['changed'][:5]) + ')'}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """The host side: rotary tables equal transformers', records, logits, and inputs refused before a graph runs."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts.qwen35.host import Host, inverse_frequencies, rope_tables, text_positions
 from scripts.pipeline.errors import ClefError
+from scripts.qwen35.host import Host, inverse_frequencies, rope_tables, text_positions
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +63,17 @@ def test_logits_use_the_bf16_lm_head(host):
     assert torch.allclose(logits, hidden @ host.lm_head.float().T)
 
 
-@pytest.mark.parametrize("mutate, fragment", [
-    (lambda r: r["valid"].__setitem__((0, 3), 0.0), "hole"),
-    (lambda r: r["valid"].__setitem__((0, 0), 0.0), "start with 1.0"),
-    (lambda r: r["valid"].__setitem__((0, 2), 0.5), "only 0.0 and 1.0"),
-    (lambda r: r.__setitem__("embeds", r["embeds"][..., :-1]), "width"),
-    (lambda r: r.__setitem__("valid", r["valid"][:, :32]), r"valid of shape \[1, 32\]"),
-    (lambda r: r.__setitem__("cos", r["cos"][:, :, :4]), "cos of shape"),
-])
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda r: r["valid"].__setitem__((0, 3), 0.0), "hole"),
+        (lambda r: r["valid"].__setitem__((0, 0), 0.0), "start with 1.0"),
+        (lambda r: r["valid"].__setitem__((0, 2), 0.5), "only 0.0 and 1.0"),
+        (lambda r: r.__setitem__("embeds", r["embeds"][..., :-1]), "width"),
+        (lambda r: r.__setitem__("valid", r["valid"][:, :32]), r"valid of shape \[1, 32\]"),
+        (lambda r: r.__setitem__("cos", r["cos"][:, :, :4]), "cos of shape"),
+    ],
+)
 def test_bad_inputs_refused(host, mutate, fragment):
     rec = host.record(list(range(10)), 64)
     mutate(rec)

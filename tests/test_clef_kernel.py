@@ -1,5 +1,6 @@
 """The kernel forms: each part's effect in isolation, and the export-graph rules (the grammar:
 tests/test_kernel_form.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,9 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scripts.layers import gated_delta
 from scripts.checks import compare, kernel_check
-from scripts.layers import kernel_form
+from scripts.layers import gated_delta, kernel_form
 from scripts.pipeline.errors import ClefError
 
 HEADS = {"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}
@@ -26,14 +26,16 @@ def call(form, q, k, v, g, beta, s0=None):
 
 # --- kernels against the references --------------------------------------------------------
 
+
 def test_loop_form_is_the_stock_kernel():
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
     q, k, v, g, beta, s0 = inputs("weak_decay", 200)
     ours = call("loop", q, k, v, g, beta, s0)
-    stock = torch_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0, output_final_state=True,
-                                         use_qk_l2norm_in_kernel=True)
-    for a, b in zip(ours, stock):
+    stock = torch_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    for a, b in zip(ours, stock, strict=True):
         assert (a - b).abs().max() <= 1e-6 * b.abs().max()
 
 
@@ -55,8 +57,9 @@ def test_neumann_product_fails_where_block_inverse_holds():
     c = 64
     const = gated_delta.chunk_constants(c)
     n = -0.5 * const.strict_lower  # one_key: one key, beta 0.5, no decay
-    truth = torch.linalg.solve_triangular(torch.eye(c, dtype=torch.float64) - n.double(),
-                                          torch.eye(c, dtype=torch.float64), upper=False)
+    truth = torch.linalg.solve_triangular(
+        torch.eye(c, dtype=torch.float64) - n.double(), torch.eye(c, dtype=torch.float64), upper=False
+    )
     product, power = torch.eye(c) + n, n
     for _ in range(5):
         power = power @ power
@@ -90,6 +93,7 @@ def test_wrong_initial_state_shape_refused():
 
 
 # --- each part in isolation ----------------------------------------------------------------
+
 
 def test_vs_scales_output_and_state_exactly():
     q, k, v, g, beta, s0 = inputs("strong_decay", 130)
@@ -185,6 +189,7 @@ def test_log1p_series_keeps_small_arguments_that_log_of_one_plus_y_rounds_away()
 
 # --- the export graph ----------------------------------------------------------------------
 
+
 class KernelModule(torch.nn.Module):
     def __init__(self, form):
         super().__init__()
@@ -206,8 +211,7 @@ def ops(graph) -> list[str]:
 @pytest.mark.parametrize("form", ["R64+sp+ec+dd+vs6", "R16+ec+dd", "R128+sp+ec+dd+vs6"])
 def test_export_graph_rules(form):
     graph = export_graph(form, 130)
-    ranks = [len(n.meta["val"].shape) for n in graph.nodes
-             if isinstance(n.meta.get("val"), torch.Tensor)]
+    ranks = [len(n.meta["val"].shape) for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     assert ranks and max(ranks) <= 4
     banned = ("eye", "arange", "triu", "tril", "cumsum", "masked_fill", "while", "scan", "index_put", "copy_")
     found = [op for op in ops(graph) if any(b in op for b in banned)]
@@ -230,6 +234,7 @@ def test_no_loop_over_rows_or_tokens():
 
 # --- set_form / form_applied -----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def stack(tiny_snapshot):
     from scripts.qwen35 import text_stack
@@ -247,7 +252,7 @@ def test_form_applied_switches_every_layer_and_restores_exactly(stack):
             assert changed["layers"] == len(layers) == 6 and changed["norm_eps_scale"] == 4096
             assert changed["softplus"] == "not applied (stock class)"  # the stock class calls F.softplus
             assert all(m.chunk_gated_delta_rule.form == kernel_form.parse("R64+sp+ec+dd+vs6") for m in layers)
-            assert all(m.norm.variance_epsilon == eps * 4096 for m, (_, eps) in zip(layers, before))
+            assert all(m.norm.variance_epsilon == eps * 4096 for m, (_, eps) in zip(layers, before, strict=True))
             formed = stack(inputs_embeds=x, use_cache=False).last_hidden_state
         again = stack(inputs_embeds=x, use_cache=False).last_hidden_state
     assert [(m.chunk_gated_delta_rule, m.norm.variance_epsilon) for m in layers] == before

@@ -1,5 +1,6 @@
 """The faults the checks rerun with (scripts/checks/controls.py): each breaks its check on the embedded
 checkpoint, the control itself fails on weights without memory, and every patch is restored."""
+
 from __future__ import annotations
 
 import copy

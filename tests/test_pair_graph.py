@@ -1,15 +1,15 @@
 """Shared-state pairs in torch: chaining with a padded prefix, state reuse, the state against
 transformers' cache, and the host's refusals (wrong scale, wrong shape, too long)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts.qwen35 import patch
 from scripts.checks import compare, pair_check
-from scripts.qwen35 import pair_graph
-from scripts.qwen35.host import Host, PairRunner, PairState
 from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host, PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 FORM = "R64+sp+ec+dd+vs6"
@@ -31,17 +31,26 @@ def make_runner(model, host, form):
         def call(**inputs):
             with torch.no_grad():
                 return dict(module(**inputs))
+
         return call
 
-    return PairRunner(host, fn(pair_graph.PairPrefix(model, PRE).eval()), fn(pair_graph.PairSuffix(model, PRE, SUF).eval()),
-                      PRE, SUF, form, shapes)
+    return PairRunner(
+        host,
+        fn(pair_graph.PairPrefix(model, PRE).eval()),
+        fn(pair_graph.PairSuffix(model, PRE, SUF).eval()),
+        PRE,
+        SUF,
+        form,
+        shapes,
+    )
 
 
 def test_chaining_matches_the_row_including_padded_prefixes(setup):
     """Suffix and prefix hidden against the row, global and per position; the controls break the bound."""
     model, _, runner = setup
-    rows = pair_check.chaining(runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3,
-                               pad_guard_control=True)
+    rows = pair_check.chaining(
+        runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3, pad_guard_control=True
+    )
     chained = [r for r in rows if r["check"] == "chaining"]
     assert {(r["p"], r["s"]) for r in chained} == {(1, 1), (1, SUF), (32, 1), (32, SUF), (64, 1), (64, SUF)}
     assert {r["p"] for r in rows if r["check"] == "prefix_hidden"} == {1, 32, 64}

@@ -1,4 +1,5 @@
 """The patched stack and its row graph: the export graph's rules, the twin, and the pieces that make it."""
+
 from __future__ import annotations
 
 import copy
@@ -7,9 +8,9 @@ import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 
-from scripts.qwen35 import patch
 from scripts.checks import compare, model_check
 from scripts.pipeline import params
+from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill, causal_constant
 from tests.conftest import ROOT
@@ -42,7 +43,7 @@ def test_clef_eager_attention_is_stock_eager():
 def test_patch_switches_classes_not_weights(patched):
     model, applied = patched
     assert type(model) is patch.ClefTextModel
-    gdn = [l.linear_attn for l in model.layers if l.block_type == "linear_attention"]
+    gdn = [layer.linear_attn for layer in model.layers if layer.block_type == "linear_attention"]
     assert gdn and all(type(m) is patch.ClefGatedDeltaNet for m in gdn)
     assert model.config._attn_implementation == patch.ATTENTION
     assert applied["softplus"] == "safe" and applied["layers"] == len(gdn)
@@ -100,7 +101,7 @@ def test_pad_guard_keeps_the_state_at_the_last_real_token(patched):
     """The GatedDeltaNet's recurrent state after pads equals the state at the last real token
     (what the shared-state pairs rely on): pads carry zero k/v and unit decay."""
     model, _ = patched
-    layer = next(l.linear_attn for l in model.layers if l.block_type == "linear_attention")
+    layer = next(decoder.linear_attn for decoder in model.layers if decoder.block_type == "linear_attention")
     seen = []
     kernel = layer.chunk_gated_delta_rule
 
@@ -147,11 +148,22 @@ def test_rms_norm_is_the_stock_function_and_safe_in_fp16():
 
 
 def test_failures_name_the_row():
-    rows = [{"check": "vs_stock", "L": 64, "record": "padded", "rel_vs_stock_f64": 2e-4, "finite": True},
-            {"layer": 2, "seed": 5, "input_scale": 3.0, "rel_vs_stock_f64": 1e-6, "finite": False},
-            {"check": "vs_stock", "L": 128, "record": "full", "rel_vs_stock_f64": 1e-6, "finite": True,
-             "interleave_calls": 10, "interleave_calls_expected": 12}]
+    rows = [
+        {"check": "vs_stock", "L": 64, "record": "padded", "rel_vs_stock_f64": 2e-4, "finite": True},
+        {"layer": 2, "seed": 5, "input_scale": 3.0, "rel_vs_stock_f64": 1e-6, "finite": False},
+        {
+            "check": "vs_stock",
+            "L": 128,
+            "record": "full",
+            "rel_vs_stock_f64": 1e-6,
+            "finite": True,
+            "interleave_calls": 10,
+            "interleave_calls_expected": 12,
+        },
+    ]
     out = model_check.failures(rows, {"rel_vs_stock_f64": 1e-4})
-    assert out == ["check=vs_stock, L=64, record=padded: rel_vs_stock_f64 0.0002 > 0.0001",
-                   "layer=2, seed=5, input_scale=3.0: an output is not finite",
-                   "check=vs_stock, L=128, record=full: 10 interleave calls, expected 12"]
+    assert out == [
+        "check=vs_stock, L=64, record=padded: rel_vs_stock_f64 0.0002 > 0.0001",
+        "layer=2, seed=5, input_scale=3.0: an output is not finite",
+        "check=vs_stock, L=128, record=full: 10 interleave calls, expected 12",
+    ]

@@ -2,6 +2,7 @@
 interpreter latency. The export_stock and export_bench stages each run it once, so the stock `loop`
 kernel's slow conversion (results/export_stock.json's convert_seconds) is redone only when the checkpoint
 changes, not the form."""
+
 from __future__ import annotations
 
 import tempfile
@@ -9,9 +10,9 @@ from pathlib import Path
 
 from scripts.checks import model_check, tflite_check
 from scripts.litert import export, tflite_file
+from scripts.pipeline.measure import Stopwatch
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
-from scripts.pipeline.measure import Stopwatch
 
 BENCH_L = 64
 
@@ -29,7 +30,14 @@ def convert_timed(snap: Path, form: str, host: Host, repeats: int = 5) -> dict:
         runner = tflite_check.interpreter(path).get_signature_runner()
         timing = tflite_check.latency(runner, graph, inputs, repeats=repeats)
     per_layer = list(census["ops_per_gdn_layer"].values())
-    return {"form": form, "L": BENCH_L, "convert_seconds": seconds, "op_total": census["op_total"],
-            "ops_per_gdn_layer_max": max(per_layer), "ops_per_gdn_layer_min": min(per_layer),
-            "violations": tflite_file.violations(census), "litert_median_s": timing["litert_median_s"],
-            "torch_median_s": timing["torch_median_s"]}
+    return {
+        "form": form,
+        "L": BENCH_L,
+        "convert_seconds": seconds,
+        "op_total": census["op_total"],
+        "ops_per_gdn_layer_max": max(per_layer),
+        "ops_per_gdn_layer_min": min(per_layer),
+        "violations": tflite_file.violations(census),
+        "litert_median_s": timing["litert_median_s"],
+        "torch_median_s": timing["torch_median_s"],
+    }

@@ -12,6 +12,7 @@ floor (the stock module in torch float16) and the same file on the CPU (XNNPACK)
 accelerator compiles whole, and computes right in fp16, is the point of this project; this shows
 whether the peers do.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,9 +35,9 @@ from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.litert import export, gpu_accelerator, tflite_file
 from scripts.pipeline import atomic, layout, provenance
+from scripts.pipeline.errors import EXIT_BAD_INPUT, ClefError
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
-from scripts.pipeline.errors import EXIT_BAD_INPUT, ClefError
 
 L = 64
 SEED = L  # conversion_bench's record: random_ids(L, vocab, L)
@@ -48,12 +49,20 @@ STOCK_FORM = "loop"
 # litert-torch's Qwen3_5StaticGatedDeltaNet: (use_fused_gdn, gdn_mode)
 LITERT_MODES = {"chunked": (False, 1), "recurrent": (False, 0), "fused": (True, 0)}
 # accelerator log lines that say nothing about the graph (plugins absent here, Dawn's limit notes)
-_BOILERPLATE = ("IntelOpenvino", "libopenvino", "NPU accelerator", "artificially reduced", "libOpenCL",
-                "Logging before InitGoogle", gpu_accelerator.REFUSED_HEAD)
+_BOILERPLATE = (
+    "IntelOpenvino",
+    "libopenvino",
+    "NPU accelerator",
+    "artificially reduced",
+    "libOpenCL",
+    "Logging before InitGoogle",
+    gpu_accelerator.REFUSED_HEAD,
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # the layer graphs: one GatedDeltaNet, hidden [1, L, H] and valid [1, L] in, hidden out
+
 
 class OursLayer(nn.Module):
     def __init__(self, gdn: nn.Module):
@@ -75,14 +84,22 @@ class LitertLayer(nn.Module):
 
 def litert_gdn(cfg, layer_idx: int, weights: dict, mode: str) -> nn.Module:
     """litert-torch's static GatedDeltaNet at the checkpoint's widths with `weights` (a stock layer's)."""
-    from litert_torch.generative.export_hf.model_ext.qwen3_5.modeling_qwen3_5_static import (
-        Qwen3_5StaticGatedDeltaNet)
+    from litert_torch.generative.export_hf.model_ext.qwen3_5.modeling_qwen3_5_static import Qwen3_5StaticGatedDeltaNet
 
     fused, gdn_mode = LITERT_MODES[mode]
     gdn = Qwen3_5StaticGatedDeltaNet(
-        cfg.hidden_size, cfg.linear_num_value_heads, cfg.linear_num_key_heads, cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim, cfg.rms_norm_eps, layer_idx,
-        use_fused_gdn=fused, gdn_mode=gdn_mode, use_fp32=True)
+        cfg.hidden_size,
+        cfg.linear_num_value_heads,
+        cfg.linear_num_key_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+        cfg.linear_conv_kernel_dim,
+        cfg.rms_norm_eps,
+        layer_idx,
+        use_fused_gdn=fused,
+        gdn_mode=gdn_mode,
+        use_fp32=True,
+    )
     gdn.load_state_dict(weights, strict=True)
     return gdn.eval()
 
@@ -94,8 +111,9 @@ def first_gdn_index(model) -> int:
 # ---------------------------------------------------------------------------------------------
 # compiling and reading the accelerator's log
 
+
 def short_refusal(line: str) -> str:
-    """"OP: reason <source path>" -> "OP: reason" (the path names one node; the reason is the news)."""
+    """ "OP: reason <source path>" -> "OP: reason" (the path names one node; the reason is the news)."""
     return re.sub(r"(\s+\S*[;/]\S*)+$", "", line).strip()
 
 
@@ -113,7 +131,9 @@ def notable_lines(log: str) -> list[str]:
     out = []
     for line in log.splitlines():
         s = line.strip()
-        if re.search(r"warn|error|mismatch|fail|unresolved|^[EW]\d{4}", s, re.I) and not any(b in s for b in _BOILERPLATE):
+        if re.search(r"warn|error|mismatch|fail|unresolved|^[EW]\d{4}", s, re.I) and not any(
+            b in s for b in _BOILERPLATE
+        ):
             if not s.startswith("└") and s not in out:
                 out.append(s)
     return out
@@ -126,10 +146,15 @@ def compile_mixed(path: Path, fp32: bool):
     model, text, error = gpu_accelerator.load(path, HardwareAccelerator.GPU | HardwareAccelerator.CPU, fp32)
     counts = gpu_accelerator.FALLBACK.search(text)
     refused = gpu_accelerator.refused_ops(text)
-    facts = {"refused": tally(refused), "refused_lines": len(refused),
-             "gpu_ops": int(counts.group(1)) if counts else None, "cpu_ops": int(counts.group(2)) if counts else None,
-             "fully_accelerated": bool(model.is_fully_accelerated()) if model is not None else None,
-             "error": error, "log": notable_lines(text)}
+    facts = {
+        "refused": tally(refused),
+        "refused_lines": len(refused),
+        "gpu_ops": int(counts.group(1)) if counts else None,
+        "cpu_ops": int(counts.group(2)) if counts else None,
+        "fully_accelerated": bool(model.is_fully_accelerated()) if model is not None else None,
+        "error": error,
+        "log": notable_lines(text),
+    }
     if model is None:
         return None, facts
     name = gpu_accelerator.adapter_name(text) or "?"
@@ -149,10 +174,11 @@ def compile_cpu(path: Path):
 # ---------------------------------------------------------------------------------------------
 # running
 
+
 def measure(compiled, feeds: dict, ref: torch.Tensor, repeats: int = REPEATS) -> dict:
     """Accuracy against `ref` and median seconds of one call (inputs written, run, outputs read),
-    after one warm-up whose log is kept (some warnings only come at the first run); a graph that cannot
-run -> {"error", "log"}."""
+        after one warm-up whose log is kept (some warnings only come at the first run); a graph that cannot
+    run -> {"error", "log"}."""
     with gpu_accelerator.captured_stderr() as log:
         try:
             call = compiled.signature()
@@ -168,10 +194,16 @@ run -> {"error", "log"}."""
         times.append(time.perf_counter() - t0)
     per_position = compare.rel_per_position(out, ref)
     worst = max(range(len(per_position)), key=lambda i: per_position[i])
-    return {"finite": bool(torch.isfinite(out).all()), "rel": compare.rel(out, ref),
-            "worst_position_rel": per_position[worst], "worst_position": worst,
-            "median_position_rel": statistics.median(per_position),
-            "median_s": statistics.median(times), "times_s": times, "first_run_log": notable_lines(log["text"])}
+    return {
+        "finite": bool(torch.isfinite(out).all()),
+        "rel": compare.rel(out, ref),
+        "worst_position_rel": per_position[worst],
+        "worst_position": worst,
+        "median_position_rel": statistics.median(per_position),
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "first_run_log": notable_lines(log["text"]),
+    }
 
 
 def close(compiled) -> None:
@@ -186,8 +218,11 @@ def gpu_rows(path: Path, feeds: dict, ref: torch.Tensor, adapters: set) -> dict:
         compiled, how = None, "GPU"
         try:
             compiled = gpu_accelerator.compile(path, fp32=fp32)
-            out["gpu_alone"][mode] = {"compiled": True, "fully_accelerated": compiled.fully_accelerated,
-                                      "log": notable_lines(compiled.log)}
+            out["gpu_alone"][mode] = {
+                "compiled": True,
+                "fully_accelerated": compiled.fully_accelerated,
+                "log": notable_lines(compiled.log),
+            }
         except ClefError as exc:
             out["gpu_alone"][mode] = {"compiled": False, "error": str(exc).replace(str(path), path.name)}
             compiled, out["gpu_cpu"][mode] = compile_mixed(path, fp32)
@@ -196,21 +231,40 @@ def gpu_rows(path: Path, feeds: dict, ref: torch.Tensor, adapters: set) -> dict:
             out["runs"][mode] = None
             continue
         adapters.add(compiled.adapter)
-        out["runs"][mode] = {"accelerators": how, "fully_accelerated": compiled.fully_accelerated,
-                             **measure(compiled, feeds, ref)}
+        out["runs"][mode] = {
+            "accelerators": how,
+            "fully_accelerated": compiled.fully_accelerated,
+            **measure(compiled, feeds, ref),
+        }
         close(compiled)
     out["gpu_cpu"] = out["gpu_cpu"] or None
     return out
 
 
-def candidate(name: str, level: str, what: str, path: Path, feeds: dict, refs: tuple, adapters: set,
-              torch_module=None, convert_seconds: float | None = None) -> dict:
+def candidate(
+    name: str,
+    level: str,
+    what: str,
+    path: Path,
+    feeds: dict,
+    refs: tuple,
+    adapters: set,
+    torch_module=None,
+    convert_seconds: float | None = None,
+) -> dict:
     """One row of the table; `refs` = (float64 reference, the fp16 floor: stock in torch float16)."""
     ref, floor = refs
     census = tflite_file.census(path)
-    row = {"name": name, "level": level, "what": what, "convert_seconds": convert_seconds,
-           "op_total": census["op_total"], "max_rank": census["max_rank"],
-           "violations": tflite_file.violations(census), "ops": census["ops"]}
+    row = {
+        "name": name,
+        "level": level,
+        "what": what,
+        "convert_seconds": convert_seconds,
+        "op_total": census["op_total"],
+        "max_rank": census["max_rank"],
+        "violations": tflite_file.violations(census),
+        "ops": census["ops"],
+    }
     if torch_module is not None:  # the converted module itself in fp32 torch: the function it computes
         with torch.no_grad():
             row["torch_fp32_rel"] = compare.rel(torch_module(**feeds)["hidden"], ref)
@@ -221,8 +275,11 @@ def candidate(name: str, level: str, what: str, path: Path, feeds: dict, refs: t
     cpu, error = compile_cpu(path)
     row["cpu_control"] = {"error": error} if cpu is None else {"accelerators": "CPU", **measure(cpu, feeds, ref)}
     close(cpu)
-    print(f"{name}: {row['op_total']} ops, GPU alone fp32/fp16: "
-          f"{row['gpu_alone']['fp32']['compiled']}/{row['gpu_alone']['fp16']['compiled']}", flush=True)
+    print(
+        f"{name}: {row['op_total']} ops, GPU alone fp32/fp16: "
+        f"{row['gpu_alone']['fp32']['compiled']}/{row['gpu_alone']['fp16']['compiled']}",
+        flush=True,
+    )
     return row
 
 
@@ -235,6 +292,7 @@ def convert(module: nn.Module, feeds: dict, path: Path) -> float:
 # ---------------------------------------------------------------------------------------------
 # the run
 
+
 def references(model, inputs: dict, layer_idx: int, layer_in: torch.Tensor) -> dict:
     """{"row", "layer"}: (float64 reference, fp16 floor) of the stock twin's row and of the stock
     GatedDeltaNet on `layer_in`; the floor is the same stock module run in torch float16."""
@@ -242,15 +300,19 @@ def references(model, inputs: dict, layer_idx: int, layer_in: torch.Tensor) -> d
     gdn = twin.layers[layer_idx].linear_attn
     embeds = inputs["embeds"]
     with torch.no_grad():
-        row = (model_check.in_float64(twin)(inputs_embeds=embeds.double(), use_cache=False).last_hidden_state,
-               copy.deepcopy(twin).half()(inputs_embeds=embeds.half(), use_cache=False).last_hidden_state)
+        row = (
+            model_check.in_float64(twin)(inputs_embeds=embeds.double(), use_cache=False).last_hidden_state,
+            copy.deepcopy(twin).half()(inputs_embeds=embeds.half(), use_cache=False).last_hidden_state,
+        )
         layer = (model_check.in_float64(gdn)(layer_in.double()), copy.deepcopy(gdn).half()(layer_in.half()))
     return {"row": row, "layer": layer}
 
 
 def floor_figures(refs: dict) -> dict:
-    return {level: {"rel": compare.rel(half, exact), "worst_position_rel": max(compare.rel_per_position(half, exact))}
-            for level, (exact, half) in refs.items()}
+    return {
+        level: {"rel": compare.rel(half, exact), "worst_position_rel": max(compare.rel_per_position(half, exact))}
+        for level, (exact, half) in refs.items()
+    }
 
 
 def json_safe(obj):
@@ -266,17 +328,24 @@ def json_safe(obj):
 
 def environment(adapters: set) -> dict:
     try:
-        mesa = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "mesa-vulkan-drivers"],
-                              capture_output=True, text=True, check=True).stdout
+        mesa = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", "mesa-vulkan-drivers"], capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         mesa = None
-    return {"adapters": sorted(adapters), "mesa_vulkan_drivers": mesa, "versions": provenance.package_versions(),
-            "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "adapters": sorted(adapters),
+        "mesa_vulkan_drivers": mesa,
+        "versions": provenance.package_versions(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
-    started, t0 = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
+    started, t0 = datetime.datetime.now(datetime.UTC), time.perf_counter()
     load_start = os.getloadavg()
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
@@ -297,35 +366,80 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu_bench.") as tmp:
         tmp = Path(tmp)
         ours_row = row_graph.ClefRowPrefill(model, L).eval()
-        rows.append(candidate("ours_row", "row", f"our row graph, form {form} ({OURS_ROW})", OURS_ROW, inputs,
-                              refs["row"], adapters, torch_module=ours_row))
+        rows.append(
+            candidate(
+                "ours_row",
+                "row",
+                f"our row graph, form {form} ({OURS_ROW})",
+                OURS_ROW,
+                inputs,
+                refs["row"],
+                adapters,
+                torch_module=ours_row,
+            )
+        )
         layers = {"ours_layer": (f"our GatedDeltaNet (layer {i}) under {form}", OursLayer(model.layers[i].linear_attn))}
         for mode in LITERT_MODES:
-            layers[f"litert_{mode}_layer"] = (f"litert-torch Qwen3_5StaticGatedDeltaNet (layer {i} weights), "
-                                              f"{mode} mode {LITERT_MODES[mode]} (use_fused_gdn, gdn_mode)",
-                                              LitertLayer(litert_gdn(cfg, i, weights, mode)))
+            layers[f"litert_{mode}_layer"] = (
+                f"litert-torch Qwen3_5StaticGatedDeltaNet (layer {i} weights), "
+                f"{mode} mode {LITERT_MODES[mode]} (use_fused_gdn, gdn_mode)",
+                LitertLayer(litert_gdn(cfg, i, weights, mode)),
+            )
         for name, (what, module) in layers.items():
             path = tmp / f"{name}.tflite"
             seconds = convert(module.eval(), layer_feeds, path)
-            rows.append(candidate(name, "layer", what, path, layer_feeds, refs["layer"], adapters, torch_module=module,
-                                  convert_seconds=seconds))
+            rows.append(
+                candidate(
+                    name,
+                    "layer",
+                    what,
+                    path,
+                    layer_feeds,
+                    refs["layer"],
+                    adapters,
+                    torch_module=module,
+                    convert_seconds=seconds,
+                )
+            )
         stock, _, _ = patch.load(snap, STOCK_FORM, progress=False)
         stock_row = row_graph.ClefRowPrefill(stock, L).eval()
         path = tmp / "stock_row.tflite"
         seconds = convert(stock_row, inputs, path)
-        rows.append(candidate("stock_row", "row", f"the stock `{STOCK_FORM}` kernel's row graph, converted here",
-                              path, inputs, refs["row"], adapters, torch_module=stock_row, convert_seconds=seconds))
-    doc = {"revision": rec["revision"], "form": form, "L": L, "record": {"tokens": L, "seed": SEED, "real": L},
-           "repeats": REPEATS, "date": started.isoformat(timespec="seconds"),
-           "reference": {"row": "model_check.in_float64(stock_twin(model)), last_hidden_state",
-                         "layer": f"model_check.in_float64(stock Qwen3_5GatedDeltaNet, layer {i}) on "
-                                  f"layers[{i}].input_layernorm(embeds)",
-                         "fp16_floor": "the same stock module in torch float16 (its chunk kernel casts to "
-                                       "float32 inside) vs float64; fp16 runs give over_floor = rel / floor rel",
-                         "floor": floor_figures(refs)},
-           "timing": "median of REPEATS calls after one warm-up; a call writes inputs, runs, reads outputs",
-           "environment": environment(adapters), "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-           "candidates": rows, "seconds": time.perf_counter() - t0}
+        rows.append(
+            candidate(
+                "stock_row",
+                "row",
+                f"the stock `{STOCK_FORM}` kernel's row graph, converted here",
+                path,
+                inputs,
+                refs["row"],
+                adapters,
+                torch_module=stock_row,
+                convert_seconds=seconds,
+            )
+        )
+    doc = {
+        "revision": rec["revision"],
+        "form": form,
+        "L": L,
+        "record": {"tokens": L, "seed": SEED, "real": L},
+        "repeats": REPEATS,
+        "date": started.isoformat(timespec="seconds"),
+        "reference": {
+            "row": "model_check.in_float64(stock_twin(model)), last_hidden_state",
+            "layer": f"model_check.in_float64(stock Qwen3_5GatedDeltaNet, layer {i}) on "
+            f"layers[{i}].input_layernorm(embeds)",
+            "fp16_floor": "the same stock module in torch float16 (its chunk kernel casts to "
+            "float32 inside) vs float64; fp16 runs give over_floor = rel / floor rel",
+            "floor": floor_figures(refs),
+        },
+        "timing": "median of REPEATS calls after one warm-up; a call writes inputs, runs, reads outputs",
+        "environment": environment(adapters),
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "candidates": rows,
+        "seconds": time.perf_counter() - t0,
+    }
     atomic.write_json(OUT, json_safe(doc))
     print(f"gpu_bench: {len(rows)} candidates -> {OUT} in {doc['seconds']:.0f} s")
 

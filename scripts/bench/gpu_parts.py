@@ -16,6 +16,7 @@ RMSNorm's folded (1 + w) constant is rounded to fp16 on the GPU. Writes results/
 
     cd /work/main && .venv/bin/python -m scripts.bench.gpu_parts
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scripts.qwen35.host import Host
+from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.layers import gated_delta, kernel_form
 from scripts.litert import export, gpu_accelerator
 from scripts.pipeline import atomic
 from scripts.qwen35 import patch
-from scripts.checkpoint import snapshot
+from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 OUT = Path("results/gpu_parts.json")
@@ -54,6 +55,7 @@ def sig(x: float) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # the proposed fix, as a runtime prototype (the same formulas as the proposed clef_kernel changes)
+
 
 def log1p_softplus(x: torch.Tensor) -> torch.Tensor:
     """`sp` as it was when this benchmark ran: torch.log1p, which LiteRT runs as LOG(1 + y)."""
@@ -98,13 +100,15 @@ def with_fix(model: nn.Module, width: int = SK_WIDTH) -> nn.Module:
 # ---------------------------------------------------------------------------------------------
 # running a part: GPU fp16 / fp32, torch float16, torch float64
 
+
 def half(module: nn.Module) -> nn.Module:
     """A float16 copy; a GatedDeltaNet's g (mix computes it in fp32) enters its kernel as fp16."""
     m = copy.deepcopy(module).half()
     for gdn in gated_delta.gated_deltanets(m):
         inner = gdn.chunk_gated_delta_rule
-        gdn.chunk_gated_delta_rule = (lambda q, k, v, g, beta, _inner=inner, **kw:
-                                      _inner(q, k, v, g=g.to(q.dtype), beta=beta, **kw))
+        gdn.chunk_gated_delta_rule = lambda q, k, v, g, beta, _inner=inner, **kw: _inner(
+            q, k, v, g=g.to(q.dtype), beta=beta, **kw
+        )
     return m
 
 
@@ -122,7 +126,9 @@ def gpu_runs(module: nn.Module, inputs: dict, name: str) -> dict:
     return out
 
 
-def measure(name: str, module: nn.Module, inputs: dict, describe: str, ref: nn.Module | None = None) -> tuple[dict, dict]:
+def measure(
+    name: str, module: nn.Module, inputs: dict, describe: str, ref: nn.Module | None = None
+) -> tuple[dict, dict]:
     """Per output: GPU fp16, torch float16 and GPU fp32, each vs torch float64 on the same inputs.
     -> (figures for the JSON, raw outputs {output: (f64, torch16, gpu16, gpu32)})."""
     with torch.no_grad():
@@ -133,10 +139,17 @@ def measure(name: str, module: nn.Module, inputs: dict, describe: str, ref: nn.M
     raw = {k: (exact[k], torch16[k], gpu["fp16"][k], gpu["fp32"][k]) for k in exact}
     figures = {"inputs": describe}
     for k, (e, h, g16, g32) in raw.items():
-        figures[k] = {"gpu_fp16_vs_f64": sig(rel(g16, e)), "torch_fp16_vs_f64": sig(rel(h, e)),
-                      "gpu_fp32_vs_f64": sig(rel(g32, e)), "max_abs_f64": sig(float(e.abs().max()))}
-    line = "  ".join(f"{k}: gpu16 {v['gpu_fp16_vs_f64']:.3g} torch16 {v['torch_fp16_vs_f64']:.3g} "
-                     f"gpu32 {v['gpu_fp32_vs_f64']:.3g}" for k, v in figures.items() if k != "inputs")
+        figures[k] = {
+            "gpu_fp16_vs_f64": sig(rel(g16, e)),
+            "torch_fp16_vs_f64": sig(rel(h, e)),
+            "gpu_fp32_vs_f64": sig(rel(g32, e)),
+            "max_abs_f64": sig(float(e.abs().max())),
+        }
+    line = "  ".join(
+        f"{k}: gpu16 {v['gpu_fp16_vs_f64']:.3g} torch16 {v['torch_fp16_vs_f64']:.3g} gpu32 {v['gpu_fp32_vs_f64']:.3g}"
+        for k, v in figures.items()
+        if k != "inputs"
+    )
     print(f"{name:28s} {line}", flush=True)
     return figures, raw
 
@@ -156,6 +169,7 @@ class Fn(nn.Module):
 
 # ---------------------------------------------------------------------------------------------
 # real inputs: the first GatedDeltaNet of the tiny checkpoint on a random record
+
 
 def load_model():
     snap = snapshot.verify(snapshot.load_record())
@@ -187,8 +201,22 @@ def capture(model, host, length: int, seed: int) -> dict:
         v = v.reshape(1, length, -1, gdn.head_v_dim)
         g = -gdn.A_log.exp() * gated_delta.safe_softplus(a + gdn.dt_bias)
         core, _ = gdn.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
-    return {"record": record, "gdn": gdn, "x": x, "valid": valid, "qkv": qkv, "conv": conv, "z": z, "beta": beta,
-            "a": a, "q": q, "k": k, "v": v, "g": g, "core": core}
+    return {
+        "record": record,
+        "gdn": gdn,
+        "x": x,
+        "valid": valid,
+        "qkv": qkv,
+        "conv": conv,
+        "z": z,
+        "beta": beta,
+        "a": a,
+        "q": q,
+        "k": k,
+        "v": v,
+        "g": g,
+        "core": core,
+    }
 
 
 def kernel_pieces(c: dict, form: kernel_form.Form) -> dict:
@@ -201,7 +229,7 @@ def kernel_pieces(c: dict, form: kernel_form.Form) -> dict:
         return t.transpose(1, 2).reshape(h, n, form.chunk, *tail).transpose(0, 1).contiguous()
 
     with torch.no_grad():
-        q = chunk_major(gated_delta.l2norm(c["q"]), (dk,)) * dk ** -0.5
+        q = chunk_major(gated_delta.l2norm(c["q"]), (dk,)) * dk**-0.5
         k = chunk_major(gated_delta.l2norm(c["k"]), (dk,))
         v = chunk_major(c["v"] * form.v_scale, (c["v"].shape[-1],))
         beta = chunk_major(c["beta"], ())
@@ -212,14 +240,22 @@ def kernel_pieces(c: dict, form: kernel_form.Form) -> dict:
         n_mat = -(k_beta @ k.transpose(-1, -2)) * gamma * const.strict_lower
         t_mat = gated_delta.block_inverse(n_mat, const)
         e = lambda t: gated_delta.decay_exp(t, form)  # noqa: E731
-        return {"g_chunks": g, "pair": pair, "n_mat": n_mat,
-                "u": t_mat @ (v * beta.unsqueeze(-1)), "w": t_mat @ (k_beta * e(prefix).unsqueeze(-1)),
-                "q_decayed": q * e(prefix).unsqueeze(-1), "intra": (q @ k.transpose(-1, -2)) * gamma,
-                "k_tail": (k * e(tail).unsqueeze(-1)).transpose(-1, -2), "carry": e(total).unsqueeze(-1).unsqueeze(-1)}
+        return {
+            "g_chunks": g,
+            "pair": pair,
+            "n_mat": n_mat,
+            "u": t_mat @ (v * beta.unsqueeze(-1)),
+            "w": t_mat @ (k_beta * e(prefix).unsqueeze(-1)),
+            "q_decayed": q * e(prefix).unsqueeze(-1),
+            "intra": (q @ k.transpose(-1, -2)) * gamma,
+            "k_tail": (k * e(tail).unsqueeze(-1)).transpose(-1, -2),
+            "carry": e(total).unsqueeze(-1).unsqueeze(-1),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
 # the parts
+
 
 def error_where(raw: tuple, mask: torch.Tensor | None = None, relative: bool = False) -> dict:
     """Max error of torch float16, GPU fp16 and GPU fp32 against float64, absolute or elementwise relative,
@@ -238,18 +274,28 @@ def softplus_parts(c: dict) -> dict:
     gdn = c["gdn"]
     sweep = torch.linspace(-12.0, 4.0, 1024).reshape(1, 1024)
     for tag, fn in (("before", log1p_softplus), ("after", series_softplus)):
+
         def g_of(fn_):
             return Fn(lambda m, a: {"g": -m.A_log.exp() * fn_(a + m.dt_bias)}, A_log=gdn.A_log, dt_bias=gdn.dt_bias)
 
-        figs, raw = measure(f"g_softplus_{tag}", g_of(fn), {"a": c["a"]},
-                            f"a [1, {PART_L}, 4] from in_proj_a (layer 0, seed {PART_SEED}); "
-                            "g = -exp(A_log) softplus(a + dt_bias)", ref=g_of(F.softplus))
+        figs, raw = measure(
+            f"g_softplus_{tag}",
+            g_of(fn),
+            {"a": c["a"]},
+            f"a [1, {PART_L}, 4] from in_proj_a (layer 0, seed {PART_SEED}); g = -exp(A_log) softplus(a + dt_bias)",
+            ref=g_of(F.softplus),
+        )
         small = raw["g"][0].abs() < 0.1
         figs["g"]["small_g_count"] = int(small.sum())
         figs["g"]["max_abs_err_where_abs_g_lt_0.1"] = error_where(raw["g"], small)
         out[f"g_softplus_{tag}"] = figs
-        figs, raw = measure(f"softplus_sweep_{tag}", Fn(lambda m, x, _fn=fn: {"y": _fn(x)}), {"x": sweep},
-                            "x = linspace(-12, 4, 1024); softplus(x)", ref=Fn(lambda m, x: {"y": F.softplus(x)}))
+        figs, raw = measure(
+            f"softplus_sweep_{tag}",
+            Fn(lambda m, x, _fn=fn: {"y": _fn(x)}),
+            {"x": sweep},
+            "x = linspace(-12, 4, 1024); softplus(x)",
+            ref=Fn(lambda m, x: {"y": F.softplus(x)}),
+        )
         figs["y"]["max_elementwise_rel"] = error_where(raw["y"], relative=True)
         out[f"softplus_sweep_{tag}"] = figs
     return out
@@ -274,28 +320,58 @@ def kernel_parts(c: dict) -> dict:
     pads = c["k"].clone()
     pads[:, -8:] = 0.0  # zero rows, as the pad guard leaves them: l2norm(0) must stay 0, not NaN
     parts = [
-        ("l2norm", lambda m, q, k: {"q": gated_delta.l2norm(q), "k": gated_delta.l2norm(k)}, {"q": c["q"], "k": pads},
-         f"q, k [1, {PART_L}, 4, 32] post-conv; k's last 8 rows zero (eps 1e-6 is subnormal in fp16)"),
-        ("decays_dd", lambda m, g: dict(zip(("pair", "prefix", "total", "tail"), gated_delta.decays(g, form, const))),
-         {"g": p["g_chunks"]}, "g chunk-major [4 chunks, 4 heads, 64], floored at -30: segment-sum matmuls"),
-        ("pair_decay", lambda m, pair: {"gamma": gated_delta.pair_decay(pair, form, const)}, {"pair": p["pair"]},
-         "pair log-decays [4, 4, 64, 64]: exp(min(pair, 0)) x lower mask"),
-        ("block_inverse", lambda m, n: {"t": gated_delta.block_inverse(n, const)}, {"n": p["n_mat"]},
-         "N = -(beta k k^T) gamma, strictly lower [4, 4, 64, 64]: (I - N)^-1"),
-        ("chunk_recurrence", recurrence, {k: p[k] for k in ("u", "w", "q_decayed", "intra", "k_tail", "carry")},
-         "the kernel's per-chunk tensors (vs6 scale) -> the unrolled inter-chunk state update, 4 chunks"),
-        ("kernel", lambda m, q, k, v, g, beta: {"core": kern(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]},
-         {k: c[k] for k in ("q", "k", "v", "g", "beta")}, f"q, k, v, g, beta [L={PART_L}] -> core (x 2^6)"),
+        (
+            "l2norm",
+            lambda m, q, k: {"q": gated_delta.l2norm(q), "k": gated_delta.l2norm(k)},
+            {"q": c["q"], "k": pads},
+            f"q, k [1, {PART_L}, 4, 32] post-conv; k's last 8 rows zero (eps 1e-6 is subnormal in fp16)",
+        ),
+        (
+            "decays_dd",
+            lambda m, g: dict(
+                zip(("pair", "prefix", "total", "tail"), gated_delta.decays(g, form, const), strict=True)
+            ),
+            {"g": p["g_chunks"]},
+            "g chunk-major [4 chunks, 4 heads, 64], floored at -30: segment-sum matmuls",
+        ),
+        (
+            "pair_decay",
+            lambda m, pair: {"gamma": gated_delta.pair_decay(pair, form, const)},
+            {"pair": p["pair"]},
+            "pair log-decays [4, 4, 64, 64]: exp(min(pair, 0)) x lower mask",
+        ),
+        (
+            "block_inverse",
+            lambda m, n: {"t": gated_delta.block_inverse(n, const)},
+            {"n": p["n_mat"]},
+            "N = -(beta k k^T) gamma, strictly lower [4, 4, 64, 64]: (I - N)^-1",
+        ),
+        (
+            "chunk_recurrence",
+            recurrence,
+            {k: p[k] for k in ("u", "w", "q_decayed", "intra", "k_tail", "carry")},
+            "the kernel's per-chunk tensors (vs6 scale) -> the unrolled inter-chunk state update, 4 chunks",
+        ),
+        (
+            "kernel",
+            lambda m, q, k, v, g, beta: {"core": kern(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]},
+            {k: c[k] for k in ("q", "k", "v", "g", "beta")},
+            f"q, k, v, g, beta [L={PART_L}] -> core (x 2^6)",
+        ),
     ]
     out = {name: measure(name, Fn(fn), inputs, describe)[0] for name, fn, inputs, describe in parts}
     for tag, k in (("vs6", 0), ("vs12", 6)):  # vs12: core 2^6 x larger, eps 4^6 x larger
         gated = copy.deepcopy(c["gdn"].norm)
-        gated.variance_epsilon *= 4.0 ** k
+        gated.variance_epsilon *= 4.0**k
         part = Fn(lambda m, core, z: {"y": m.norm(core.reshape(-1, 32), z.reshape(-1, 32))})
         part.norm = gated
-        top = float(c["core"].abs().max()) * 2 ** k
-        out[f"gated_norm_{tag}"] = measure(f"gated_norm_{tag}", part, {"core": c["core"] * 2.0 ** k, "z": c["z"]},
-                                           f"core x 2^{6 + k} (max |core| {top:.4g}), z; eps x 4^{6 + k}")[0]
+        top = float(c["core"].abs().max()) * 2**k
+        out[f"gated_norm_{tag}"] = measure(
+            f"gated_norm_{tag}",
+            part,
+            {"core": c["core"] * 2.0**k, "z": c["z"]},
+            f"core x 2^{6 + k} (max |core| {top:.4g}), z; eps x 4^{6 + k}",
+        )[0]
     return out
 
 
@@ -305,16 +381,20 @@ def projection_parts(c: dict) -> dict:
     for tag, width in (("before", 0), ("after", SK_WIDTH)):
         w = gdn.in_proj_qkv.weight
         fc = Fn(lambda m, x, _w=width: {"qkv": F.linear(x, m.W) if not _w else split_k_linear(x, m.W, None, _w)}, W=w)
-        out[f"in_proj_qkv_{tag}"] = measure(f"in_proj_qkv_{tag}", fc, {"x": c["x"]},
-                                            f"x [1, {PART_L}, 128] (the GatedDeltaNet's input) @ W^T [128 -> 256]"
-                                            + (f", split-K {width}" if width else ""))[0]
+        out[f"in_proj_qkv_{tag}"] = measure(
+            f"in_proj_qkv_{tag}",
+            fc,
+            {"x": c["x"]},
+            f"x [1, {PART_L}, 128] (the GatedDeltaNet's input) @ W^T [128 -> 256]"
+            + (f", split-K {width}" if width else ""),
+        )[0]
         layer = copy.deepcopy(gdn)
         if width:
             with_fix(layer, width)
 
         def front(m, x, valid):
             keep, qkv, z, beta, a = m.gdn.project(x, valid)
-            conv = F.silu(m.gdn.conv1d(qkv.transpose(1, 2))[:, :, :qkv.shape[1]]).transpose(1, 2) * keep
+            conv = F.silu(m.gdn.conv1d(qkv.transpose(1, 2))[:, :, : qkv.shape[1]]).transpose(1, 2) * keep
             return {"y": m.gdn.mix(conv, z, beta, a)[0], "conv": conv, "z": z, "beta": beta, "a": a}
 
         part = Fn(front)
@@ -348,6 +428,7 @@ def mix_attribution(gdn, raw: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 # one-op graphs
 
+
 def fp16_sequential_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The GPU's fp16 FULLY_CONNECTED as measured: products rounded to fp16, one accumulator, K in order."""
     h = lambda t: t.half().float()  # noqa: E731
@@ -355,7 +436,7 @@ def fp16_sequential_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     wf = h(w.float())
     acc = torch.zeros(xf.shape[0], wf.shape[0])
     for j in range(xf.shape[-1]):
-        acc = h(acc + h(xf[:, j:j + 1] * wf[None, :, j]))
+        acc = h(acc + h(xf[:, j : j + 1] * wf[None, :, j]))
     return acc.reshape(*x.shape[:-1], -1)
 
 
@@ -365,7 +446,9 @@ def linear_part(width: int, w: torch.Tensor) -> Fn:
 
 
 def first_value(raw: tuple) -> dict:
-    return {label: sig(float(t.flatten()[0])) for label, t in zip(("f64", "torch_fp16", "gpu_fp16"), raw[:3])}
+    return {
+        label: sig(float(t.flatten()[0])) for label, t in zip(("f64", "torch_fp16", "gpu_fp16"), raw[:3], strict=True)
+    }
 
 
 def one_ops(c: dict) -> dict:
@@ -373,8 +456,12 @@ def one_ops(c: dict) -> dict:
     and the overflow of a square."""
     out = {}
     x = torch.logspace(-6, 0, 256).reshape(1, 256)
-    figs, raw = measure("op_log1p", Fn(lambda m, x: {"y": torch.log1p(x)}), {"x": x},
-                        "x = logspace(-6, 0, 256); litert lowers log1p to ADD(x, 1) + LOG")
+    figs, raw = measure(
+        "op_log1p",
+        Fn(lambda m, x: {"y": torch.log1p(x)}),
+        {"x": x},
+        "x = logspace(-6, 0, 256); litert lowers log1p to ADD(x, 1) + LOG",
+    )
     zero = raw["y"][2][0] == 0
     figs["y"]["gpu_fp16_zero_up_to_x"] = sig(float(x[0][zero].max())) if bool(zero.any()) else 0.0
     figs["y"]["max_elementwise_rel"] = error_where(raw["y"], relative=True)
@@ -383,7 +470,7 @@ def one_ops(c: dict) -> dict:
     gen = torch.Generator().manual_seed(0)
     cases = [("op_fully_connected_real_K128", c["x"], w, "the real x and in_proj_qkv weight")]
     for k in (32, 128, 512, 2048):
-        xs, ws = torch.randn(1, 64, k, generator=gen), torch.randn(128, k, generator=gen) / k ** 0.5
+        xs, ws = torch.randn(1, 64, k, generator=gen), torch.randn(128, k, generator=gen) / k**0.5
         cases.append((f"op_fully_connected_K{k}", xs, ws, f"x ~ N(0, 1) [1, 64, {k}], W ~ N(0, 1/K) [128, {k}]"))
     for name, xs, ws, describe in cases:
         figs, raw = measure(name, linear_part(0, ws), {"x": xs}, describe + "; one FULLY_CONNECTED")
@@ -395,15 +482,31 @@ def one_ops(c: dict) -> dict:
         describe = f"the real x and in_proj_qkv weight; BATCH_MATMUL over {128 // width} slices of {width} + SUM"
         out[name] = measure(name, linear_part(width, w), {"x": c["x"]}, describe)[0]
     mul_sum = Fn(lambda m, x: {"y": (x.reshape(-1, 1, 128) * m.W.reshape(1, -1, 128)).sum(-1)}, W=w)
-    out["op_mul_sum_real_K128"] = measure("op_mul_sum_real_K128", mul_sum, {"x": c["x"]},
-                                          "the same dot products as MUL + SUM over K (needs M x N x K memory)")[0]
+    out["op_mul_sum_real_K128"] = measure(
+        "op_mul_sum_real_K128",
+        mul_sum,
+        {"x": c["x"]},
+        "the same dot products as MUL + SUM over K (needs M x N x K memory)",
+    )[0]
     reductions = [
-        ("op_sum_2048_of_0.1", lambda m, x: {"y": x.sum(-1)}, torch.full((1, 4, 2048), 0.1),
-         "SUM of 2048 x 0.1 (= 204.8; one sequential fp16 accumulator gives 236.1)"),
-        ("op_mean_128_of_1000", lambda m, x: {"y": x.mean(-1)}, torch.full((1, 4, 128), 1000.0),
-         "MEAN of 128 x 1000 (the sum, 128000, is past fp16's 65504)"),
-        ("op_square_overflow", lambda m, x: {"y": torch.rsqrt((x * x).mean(-1) + 1e-6)}, torch.full((1, 4, 32), 300.0),
-         "rsqrt(mean(x * x)) at x = 300: x * x = 90000 overflows fp16 (what vs12 does to the gated norm)"),
+        (
+            "op_sum_2048_of_0.1",
+            lambda m, x: {"y": x.sum(-1)},
+            torch.full((1, 4, 2048), 0.1),
+            "SUM of 2048 x 0.1 (= 204.8; one sequential fp16 accumulator gives 236.1)",
+        ),
+        (
+            "op_mean_128_of_1000",
+            lambda m, x: {"y": x.mean(-1)},
+            torch.full((1, 4, 128), 1000.0),
+            "MEAN of 128 x 1000 (the sum, 128000, is past fp16's 65504)",
+        ),
+        (
+            "op_square_overflow",
+            lambda m, x: {"y": torch.rsqrt((x * x).mean(-1) + 1e-6)},
+            torch.full((1, 4, 32), 300.0),
+            "rsqrt(mean(x * x)) at x = 300: x * x = 90000 overflows fp16 (what vs12 does to the gated norm)",
+        ),
     ]
     for name, fn, xs, describe in reductions:
         figs, raw = measure(name, Fn(fn), {"x": xs}, describe)
@@ -414,6 +517,7 @@ def one_ops(c: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # before / after on whole graphs: one layer, the L=64 row graph
+
 
 def truncated(model, layers: int):
     m = copy.deepcopy(model)
@@ -440,15 +544,22 @@ def graph_rows(model, host) -> dict:
                 floors[s] = floor16(inputs_embeds=r["embeds"].half(), use_cache=False).last_hidden_state
                 cur[s] = current64(**{k: v.double() for k, v in r.items()})["hidden"]
         floor = [sig(rel(floors[s], refs[s])) for s in MODEL_SEEDS]
-        entry = {"L": MODEL_L, "seeds": list(MODEL_SEEDS), "floor_stock_torch_fp16_vs_f64": floor,
-                 "floor_mean_per_position": sig(mean_per_position(floors, refs))}
+        entry = {
+            "L": MODEL_L,
+            "seeds": list(MODEL_SEEDS),
+            "floor_stock_torch_fp16_vs_f64": floor,
+            "floor_mean_per_position": sig(mean_per_position(floors, refs)),
+        }
         for tag in ("before", "after"):
             m = base if tag == "before" else with_fix(copy.deepcopy(base))
             e = entry[tag] = graph_figures(m, records, refs, cur, f"{scope}_{tag}_L{MODEL_L}")
-            e["over_floor_max"] = sig(max(a / b for a, b in zip(e["gpu_fp16_vs_f64"], floor)))
-            print(f"{scope} {tag}: gpu16 median {e['gpu_fp16_median']:.4g} max {max(e['gpu_fp16_vs_f64']):.4g} "
-                  f"mean/pos {e['gpu_fp16_mean_per_position']:.4g}; gpu32 {e['gpu_fp32_vs_f64_max']:.3g}; "
-                  f"torch fp32 vs current form f64 {e['torch_fp32_vs_current_form_f64_max']:.3g}", flush=True)
+            e["over_floor_max"] = sig(max(a / b for a, b in zip(e["gpu_fp16_vs_f64"], floor, strict=True)))
+            print(
+                f"{scope} {tag}: gpu16 median {e['gpu_fp16_median']:.4g} max {max(e['gpu_fp16_vs_f64']):.4g} "
+                f"mean/pos {e['gpu_fp16_mean_per_position']:.4g}; gpu32 {e['gpu_fp32_vs_f64_max']:.3g}; "
+                f"torch fp32 vs current form f64 {e['torch_fp32_vs_current_form_f64_max']:.3g}",
+                flush=True,
+            )
         out[scope] = entry
     return out
 
@@ -472,11 +583,14 @@ def graph_figures(model, records, refs, current64, name) -> dict:
         compiled = gpu_accelerator.compile(path, fp32=fp32)
         gpu[mode] = {s: compiled.signature()(**records[s])["hidden"] for s in records}
     rels = [sig(rel(gpu["fp16"][s], refs[s])) for s in records]
-    return {"gpu_fp16_vs_f64": rels, "gpu_fp16_median": sorted(rels)[len(rels) // 2],
-            "gpu_fp16_mean_per_position": sig(mean_per_position(gpu["fp16"], refs)),
-            "gpu_fp32_vs_f64_max": sig(max(rel(gpu["fp32"][s], refs[s]) for s in records)),
-            "torch_fp32_vs_current_form_f64_max": sig(max(rel(t32[s], current64[s]) for s in records)),
-            "convert_seconds": round(seconds, 1)}
+    return {
+        "gpu_fp16_vs_f64": rels,
+        "gpu_fp16_median": sorted(rels)[len(rels) // 2],
+        "gpu_fp16_mean_per_position": sig(mean_per_position(gpu["fp16"], refs)),
+        "gpu_fp32_vs_f64_max": sig(max(rel(gpu["fp32"][s], refs[s]) for s in records)),
+        "torch_fp32_vs_current_form_f64_max": sig(max(rel(t32[s], current64[s]) for s in records)),
+        "convert_seconds": round(seconds, 1),
+    }
 
 
 def exactness(c: dict) -> dict:
@@ -491,9 +605,11 @@ def exactness(c: dict) -> dict:
         soft[f"{name}_fp32_vs_truth_max_rel"] = sig(float(((fn(x).double() - truth).abs() / truth).max()))
     xs, w = c["x"], c["gdn"].in_proj_qkv.weight
     truth = F.linear(xs.double(), w.double())
-    lin = {"split_k_vs_linear_f64": sig(rel(split_k_linear(xs.double(), w.double(), None, SK_WIDTH), truth)),
-           "linear_fp32_vs_f64": sig(rel(F.linear(xs, w), truth)),
-           "split_k_fp32_vs_f64": sig(rel(split_k_linear(xs, w, None, SK_WIDTH), truth))}
+    lin = {
+        "split_k_vs_linear_f64": sig(rel(split_k_linear(xs.double(), w.double(), None, SK_WIDTH), truth)),
+        "linear_fp32_vs_f64": sig(rel(F.linear(xs, w), truth)),
+        "split_k_fp32_vs_f64": sig(rel(split_k_linear(xs, w, None, SK_WIDTH), truth)),
+    }
     return {"softplus_on_linspace_-80_80": soft, "in_proj_qkv_real_inputs": lin}
 
 
@@ -503,6 +619,7 @@ def rms_norm_parts(model, c: dict) -> dict:
     norm = model.layers[0].input_layernorm
     record = c["record"]["embeds"]
     out = {}
+
     def y_plus_y_w(m, x):
         y = m.norm._norm(x)
         return {"y": y + y * m.norm.weight}
@@ -510,8 +627,12 @@ def rms_norm_parts(model, c: dict) -> dict:
     for tag, fn in (("stock_(1+w)", lambda m, x: {"y": m.norm(x)}), ("y_plus_y_w", y_plus_y_w)):
         part = Fn(fn)
         part.norm = copy.deepcopy(norm)
-        out[f"rms_norm_layer0_{tag}"] = measure(f"rms_norm_{tag}", part, {"x": record},
-                                                f"the record's embeddings [1, {PART_L}, 128], layer 0's input RMSNorm")[0]
+        out[f"rms_norm_layer0_{tag}"] = measure(
+            f"rms_norm_{tag}",
+            part,
+            {"x": record},
+            f"the record's embeddings [1, {PART_L}, 128], layer 0's input RMSNorm",
+        )[0]
     return out
 
 
@@ -529,11 +650,12 @@ def run() -> None:
     c = capture(model, host, PART_L, PART_SEED)
     report = {
         "what": "LiteRT GPU accelerator (fp16 and fp32 mode) vs torch float64 and torch float16, part by part, on the "
-                "first GatedDeltaNet's real inputs; one-op repros; before/after of the proposed fix (split-K 8 "
-                "projections in GatedDeltaNets and MLPs, log1p by series) on one layer and the L=64 row graph",
+        "first GatedDeltaNet's real inputs; one-op repros; before/after of the proposed fix (split-K 8 "
+        "projections in GatedDeltaNets and MLPs, log1p by series) on one layer and the L=64 row graph",
         "metric": "max |x - ref| / max |ref| (ref: torch float64 of the same part on the same inputs, or stock float64 "
-                  "for whole graphs); mean_per_position: mean over positions of ||x - ref|| / ||ref||",
-        "form": FORM, "fix": {"split_k_width": SK_WIDTH, "softplus": "log1p by its atanh series to s^21"},
+        "for whole graphs); mean_per_position: mean over positions of ||x - ref|| / ||ref||",
+        "form": FORM,
+        "fix": {"split_k_width": SK_WIDTH, "softplus": "log1p by its atanh series to s^21"},
         "parts": {**softplus_parts(c), **kernel_parts(c), **projection_parts(c), **rms_norm_parts(model, c)},
         "fix_exactness": exactness(c),
         "one_op": one_ops(c),

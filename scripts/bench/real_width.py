@@ -5,6 +5,7 @@ cache, so the default (tiny) workspace is untouched. Its params.yaml is the comm
 OVERRIDES below (a params override, the same dvc.yaml); the graphs it writes record that override
 in their metadata. Then `dvc repro` there, then scripts/bench/report.py -> results/bench.json.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -57,8 +58,10 @@ def check_room(ws: Path, layers: int) -> None:
     probe.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(probe).free
     if free < need:
-        raise ClefError(f"the real-width run needs about {need / 1e9:.1f} GB free ({layers} layers), "
-                        f"{probe} has {free / 1e9:.1f} GB")
+        raise ClefError(
+            f"the real-width run needs about {need / 1e9:.1f} GB free ({layers} layers), "
+            f"{probe} has {free / 1e9:.1f} GB"
+        )
 
 
 def main() -> None:

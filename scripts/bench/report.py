@@ -10,6 +10,7 @@ row graph comes to this machine's fp32 matmul peak.
 - clef_flash: the real model's needs per stage, extrapolated from the two runs (see `extrapolate`).
 Medians of REPEATS runs after one warm-up; figures, never assertions (these machines are noisy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,15 +67,23 @@ def graph_rate(ws: Path, length: int) -> dict:
     seconds = median_seconds(lambda: tflite_check.run(runner, inputs))
     flops = tflite_file.matmul_flops(path)
     total = sum(flops.values())
-    return {"file": str(path), "bytes": path.stat().st_size, "L": length, "median_s": seconds,
-            "matmul_flops": flops, "gflops": total / seconds / 1e9}
+    return {
+        "file": str(path),
+        "bytes": path.stat().st_size,
+        "L": length,
+        "median_s": seconds,
+        "matmul_flops": flops,
+        "gflops": total / seconds / 1e9,
+    }
 
 
 def stage_records(ws: Path) -> dict:
     runtime = ws / layout.RUNTIME
     records = {p.stem: json.loads(p.read_text()) for p in sorted(runtime.glob("*.json"))} if runtime.is_dir() else {}
-    return {name: {"seconds": r["seconds"], "peak_rss_gib": r["peak_rss_bytes"] / 2**30, "finished_utc": r["finished_utc"]}
-            for name, r in records.items()}
+    return {
+        name: {"seconds": r["seconds"], "peak_rss_gib": r["peak_rss_bytes"] / 2**30, "finished_utc": r["finished_utc"]}
+        for name, r in records.items()
+    }
 
 
 def latency(ws: Path) -> dict:
@@ -82,18 +91,29 @@ def latency(ws: Path) -> dict:
     for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
         doc = json.loads(path.read_text())
         t = doc["latency"]
-        out[str(doc["L"])] = {"litert_ms": 1e3 * t["litert_median_s"], "torch_ms": 1e3 * t["torch_median_s"],
-                              "torch_over_litert": t["torch_over_litert"], "bytes": doc["bytes"],
-                              "max_rel_vs_torch": doc["max_rel_vs_torch"], "passed": doc["passed"]}
+        out[str(doc["L"])] = {
+            "litert_ms": 1e3 * t["litert_median_s"],
+            "torch_ms": 1e3 * t["torch_median_s"],
+            "torch_over_litert": t["torch_over_litert"],
+            "bytes": doc["bytes"],
+            "max_rel_vs_torch": doc["max_rel_vs_torch"],
+            "passed": doc["passed"],
+        }
     return out
 
 
 def workspace(ws: Path) -> dict:
     stack = ws / layout.result_path("stack")
     s = json.loads(stack.read_text()) if stack.is_file() else {}
-    return {"path": str(ws), "layers": s.get("layers"), "fp32_bytes": s.get("fp32_bytes"),
-            "stages": stage_records(ws), "latency": latency(ws),
-            "stack_rss_budget": s.get("rss_budget"), "stack_peak_rss_bytes": s.get("peak_rss_bytes")}
+    return {
+        "path": str(ws),
+        "layers": s.get("layers"),
+        "fp32_bytes": s.get("fp32_bytes"),
+        "stages": stage_records(ws),
+        "latency": latency(ws),
+        "stack_rss_budget": s.get("rss_budget"),
+        "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
+    }
 
 
 # Stages whose work is set by the checkpoint's widths (head counts) and params, not its layer count:
@@ -116,19 +136,34 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         if name in WIDTH_ONLY_STAGES:
             out[name] = {"seconds": r["seconds"], "peak_rss_gib": r["peak_rss_gib"]}
         else:
-            out[name] = {"seconds": blocks * r["seconds"],
-                         "peak_rss_gib": t["peak_rss_gib"] + blocks * max(r["peak_rss_gib"] - t["peak_rss_gib"], 0.0)}
+            out[name] = {
+                "seconds": blocks * r["seconds"],
+                "peak_rss_gib": t["peak_rss_gib"] + blocks * max(r["peak_rss_gib"] - t["peak_rss_gib"], 0.0),
+            }
     graph = real["latency"].get("64", {}).get("bytes")
-    return {"blocks": blocks, "stages": out,
-            "row_graph_bytes_per_L": graph and blocks * graph, "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
-            "fp32_stack_bytes": real.get("fp32_bytes") and blocks * real["fp32_bytes"]}
+    return {
+        "blocks": blocks,
+        "stages": out,
+        "row_graph_bytes_per_L": graph and blocks * graph,
+        "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
+        "fp32_stack_bytes": real.get("fp32_bytes") and blocks * real["fp32_bytes"],
+    }
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    mem = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-               if line.startswith("MemTotal"))
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem = next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal")
+    )
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "torch": torch.__version__}
 
 
@@ -142,15 +177,26 @@ def main() -> None:
     peak = matmul_peak()
     rate = graph_rate(ws, 64)
     ratio = rate["gflops"] / peak["gflops"]
-    doc = {"machine": machine(), "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "tiny": tiny, "real_width": real,
-           "efficiency": {"matmul_peak": peak, "row_graph": rate, "fraction_of_peak": ratio,
-                          "target_fraction": TARGET_FRACTION_OF_PEAK, "meets_target": ratio >= TARGET_FRACTION_OF_PEAK},
-           "clef_flash": extrapolate(tiny, real)}
+    doc = {
+        "machine": machine(),
+        "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tiny": tiny,
+        "real_width": real,
+        "efficiency": {
+            "matmul_peak": peak,
+            "row_graph": rate,
+            "fraction_of_peak": ratio,
+            "target_fraction": TARGET_FRACTION_OF_PEAK,
+            "meets_target": ratio >= TARGET_FRACTION_OF_PEAK,
+        },
+        "clef_flash": extrapolate(tiny, real),
+    }
     atomic.write_json(layout.BENCH, doc)
-    print(f"bench: fp32 matmul peak {peak['gflops']:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak['threads']} threads); "
-          f"real-width row graph L=64 ({rate['bytes'] / 2**30:.2f} GiB) {rate['median_s']:.2f} s, "
-          f"{rate['gflops']:.1f} GFLOP/s = {ratio:.2f} of peak (target {TARGET_FRACTION_OF_PEAK}) -> {layout.BENCH}")
+    print(
+        f"bench: fp32 matmul peak {peak['gflops']:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak['threads']} threads); "
+        f"real-width row graph L=64 ({rate['bytes'] / 2**30:.2f} GiB) {rate['median_s']:.2f} s, "
+        f"{rate['gflops']:.1f} GFLOP/s = {ratio:.2f} of peak (target {TARGET_FRACTION_OF_PEAK}) -> {layout.BENCH}"
+    )
 
 
 if __name__ == "__main__":

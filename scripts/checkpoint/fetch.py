@@ -13,6 +13,7 @@ list: its size, then its sha256 (LFS files: the weights) or its git blob id (the
 file that fails is deleted from the partial directory, so the next attempt downloads it again
 instead of trusting it, and no hf/ is written.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,14 +23,23 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from scripts.checkpoint.snapshot import CHUNK, check_readable, record, sha256_file, snapshot_dir
 from scripts.pipeline import atomic
 from scripts.pipeline.errors import ClefError
-from scripts.checkpoint.snapshot import CHUNK, check_readable, record, sha256_file, snapshot_dir
 
 # The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer.
-HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
-                "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                "special_tokens_map.json", "chat_template.jinja"]
+HUB_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+]
 # Room left free beyond the download itself: the disk also holds the record, DVC's bookkeeping and the
 # later stages' outputs, and a disk filled to the last byte fails far from the fetch that filled it.
 DISK_MARGIN = 1 << 30  # 1 GiB
@@ -83,8 +93,13 @@ def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
         raise ClefError(f"{repo}@{revision} has no safetensors weights (pickle checkpoints are refused)")
     check_room(cache, storage, repo, revision, listed)
     with _hub_errors(repo, revision):
-        path = snapshot_download(repo_id=repo, revision=revision, cache_dir=str(cache / "hub"),
-                                 allow_patterns=HUB_PATTERNS, tqdm_class=_stdout_tqdm())
+        path = snapshot_download(
+            repo_id=repo,
+            revision=revision,
+            cache_dir=str(cache / "hub"),
+            allow_patterns=HUB_PATTERNS,
+            tqdm_class=_stdout_tqdm(),
+        )
     check_download(Path(path), repo, revision, listed)
     return repo, revision
 
@@ -129,9 +144,11 @@ def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dic
         where = where.parent
     free = shutil.disk_usage(where).free
     if left + DISK_MARGIN > free:
-        raise ClefError(f"fetch needs {gb(left + DISK_MARGIN)} free for {repo}@{revision[:12]} ({gb(left)} of "
-                        f"safetensors + tokenizer files left to download, {gb(DISK_MARGIN)} margin), {where} has "
-                        f"{gb(free)}: free space or move the cache")
+        raise ClefError(
+            f"fetch needs {gb(left + DISK_MARGIN)} free for {repo}@{revision[:12]} ({gb(left)} of "
+            f"safetensors + tokenizer files left to download, {gb(DISK_MARGIN)} margin), {where} has "
+            f"{gb(free)}: free space or move the cache"
+        )
 
 
 def check_download(snapshot: Path, repo: str, revision: str, listed: dict) -> None:
@@ -163,8 +180,10 @@ def check_download(snapshot: Path, repo: str, revision: str, listed: dict) -> No
             forget(snapshot / name)
         name, why = next(iter(bad.items()))
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ClefError(f"downloaded {name} of {repo}@{revision[:12]} is corrupt: {why}{more}; the file was "
-                        f"removed from {snapshot.parents[3].name}/, so a rerun downloads it again")
+        raise ClefError(
+            f"downloaded {name} of {repo}@{revision[:12]} is corrupt: {why}{more}; the file was "
+            f"removed from {snapshot.parents[3].name}/, so a rerun downloads it again"
+        )
 
 
 def git_blob_id(path: Path) -> str:
@@ -214,16 +233,21 @@ def _hub_log_to_stdout() -> None:
 def _hub_errors(repo: str, revision: str):
     """Turn huggingface_hub's and httpx's errors into one-line ClefErrors."""
     import httpx
-    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         yield
     except RevisionNotFoundError:
         raise ClefError(f"revision {revision} not found in {repo}") from None
     except RepositoryNotFoundError:
-        raise ClefError(f"repository {repo} not found on the hub, or private or gated without a token "
-                        "(HF_TOKEN)") from None
+        raise ClefError(
+            f"repository {repo} not found on the hub, or private or gated without a token (HF_TOKEN)"
+        ) from None
     except (HfHubHTTPError, LocalEntryNotFoundError, httpx.HTTPError, OSError) as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ClefError(f"download of {repo}@{revision} failed: {first}") from None

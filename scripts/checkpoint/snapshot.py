@@ -2,11 +2,12 @@
 
 `hf/hub/models--<org>--<name>/snapshots/<40-hex revision>/` holds the snapshot whichever source
 wrote it, so downstream code reads the embedded tiny checkpoint exactly as it reads the real one.
-Writing a snapshot is `scripts/checkpoint/fetch.py`'s job; this module
-only knows where it lives and what it must contain. The record (`results/snapshot.json`) lists every file with its size and sha256; a stage that reads
-the snapshot checks the files it reads against it first (sizes, then hashes), so a truncated or
-altered shard is refused before any weight is loaded.
+Writing a snapshot is `scripts/checkpoint/fetch.py`'s job; this module only knows where it lives and
+what it must contain. The record (`results/snapshot.json`) lists every file with its size and sha256;
+a stage that reads the snapshot checks the files it reads against it first (sizes, then hashes), so a
+truncated or altered shard is refused before any weight is loaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,8 +43,10 @@ def sha256_file(path: Path) -> str:
 def refuse_pickles(names) -> None:
     pickles = sorted(n for n in names if n.lower().endswith(PICKLE_SUFFIXES))
     if pickles:
-        raise ClefError(f"pickle checkpoint file {pickles[0]} refused: only safetensors weights are loaded "
-                        "(a pickle can run code when read)")
+        raise ClefError(
+            f"pickle checkpoint file {pickles[0]} refused: only safetensors weights are loaded "
+            "(a pickle can run code when read)"
+        )
 
 
 def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = Path(".")) -> dict:
@@ -55,7 +58,9 @@ def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = P
         "repo": repo,
         "revision": revision,
         "path": os.path.relpath(snapshot, root),
-        "files": [{"name": n, "size": (snapshot / n).stat().st_size, "sha256": sha256_file(snapshot / n)} for n in names],
+        "files": [
+            {"name": n, "size": (snapshot / n).stat().st_size, "sha256": sha256_file(snapshot / n)} for n in names
+        ],
     }
 
 
@@ -87,7 +92,9 @@ def max_positions(snapshot: str | Path) -> int:
     """The model's context (config.json's text_config.max_position_embeddings): no graph is longer."""
     n = text_config(snapshot).get("max_position_embeddings")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ClefError(f"{Path(snapshot) / 'config.json'}: text_config.max_position_embeddings {n!r} is not a positive integer")
+        raise ClefError(
+            f"{Path(snapshot) / 'config.json'}: text_config.max_position_embeddings {n!r} is not a positive integer"
+        )
     return n
 
 
@@ -133,6 +140,8 @@ def verify(rec: dict, root: Path = Path("."), names=None) -> Path:
     for name in wanted:
         digest = sha256_file(snapshot / name)
         if digest != listed[name]["sha256"]:
-            raise ClefError(f"snapshot file {name} is corrupt: sha256 {digest[:12]}... differs from the "
-                            f"recorded {listed[name]['sha256'][:12]}...")
+            raise ClefError(
+                f"snapshot file {name} is corrupt: sha256 {digest[:12]}... differs from the "
+                f"recorded {listed[name]['sha256'][:12]}..."
+            )
     return snapshot

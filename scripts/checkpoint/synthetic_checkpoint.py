@@ -13,6 +13,7 @@ channels at every 16th token id.
 Each decoder layer gets its own shard, generated and written one at a time, so making the ~1.7 GB
 of bf16 never holds more than one layer in memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,7 @@ def write(target: Path, layers: int) -> str:
 def fp32_text_bytes(layers: int) -> int:
     """The fp32 bytes of the text stack the pipeline builds (embed_tokens excluded: the host's)."""
     cfg = tiny.config(text_config(layers))
-    return 4 * sum(math.prod(s) for k, s in tiny.shapes(cfg).items()
-                   if k.startswith(TEXT_PREFIX) and k != EMBED_TOKENS)
+    return 4 * sum(math.prod(s) for k, s in tiny.shapes(cfg).items() if k.startswith(TEXT_PREFIX) and k != EMBED_TOKENS)
 
 
 if __name__ == "__main__":  # python -m scripts.checkpoint.synthetic_checkpoint: the sizes, without writing

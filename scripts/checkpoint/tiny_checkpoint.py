@@ -21,6 +21,7 @@ Weights are random, but shaped so that verification has something to see:
 Each tensor comes from a seed derived from its name (a layer's A_log and dt_bias, drawn as a pair,
 from the layer's name prefix), so adding a tensor changes no other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -107,18 +108,45 @@ VISION_CONFIG = {
     "num_position_embeddings": 16,
 }
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>", "<|video_pad|>"]
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
 # A few byte-level merges so the tokenizer is a real BPE, not a byte map ("Ġ" is the byte-level space).
-MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"), ("Ġ", "s"),
-          ("r", "e"), ("a", "t"), ("e", "n"), ("Ġ", "o"), ("Ġ", "w"), ("o", "r"), ("i", "s"), ("Ġ", "c")]
+MERGES = [
+    ("Ġ", "t"),
+    ("h", "e"),
+    ("Ġt", "he"),
+    ("i", "n"),
+    ("Ġ", "a"),
+    ("e", "r"),
+    ("o", "n"),
+    ("Ġ", "s"),
+    ("r", "e"),
+    ("a", "t"),
+    ("e", "n"),
+    ("Ġ", "o"),
+    ("Ġ", "w"),
+    ("o", "r"),
+    ("i", "s"),
+    ("Ġ", "c"),
+]
 SHARDS = 2
 
 
 def mtp_shapes(hidden: int) -> dict[str, tuple[int, ...]]:
     """A few of the multi-token-prediction head's tensors: present in the snapshot, never loaded."""
-    return {"mtp.fc.weight": (hidden, 2 * hidden), "mtp.norm.weight": (hidden,),
-            "mtp.pre_fc_norm_embedding.weight": (hidden,), "mtp.pre_fc_norm_hidden.weight": (hidden,)}
+    return {
+        "mtp.fc.weight": (hidden, 2 * hidden),
+        "mtp.norm.weight": (hidden,),
+        "mtp.pre_fc_norm_embedding.weight": (hidden,),
+        "mtp.pre_fc_norm_hidden.weight": (hidden,),
+    }
 
 
 def config(text_config: dict = TEXT_CONFIG) -> dict:
@@ -144,7 +172,9 @@ def config(text_config: dict = TEXT_CONFIG) -> dict:
 def byte_alphabet() -> list[str]:
     """Byte-level BPE's printable stand-in for each byte 0..255 (printable bytes map to themselves,
     the rest to code points from 256 upward, in byte order)."""
-    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+    )
     out, extra = [], 0
     for b in range(256):
         if b in printable:
@@ -165,11 +195,13 @@ def tokenizer_files() -> dict[str, bytes]:
     tok = Tokenizer(BPE(vocab=vocab, merges=MERGES, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     # Qwen's pre-tokenizer split (contractions, letter runs, single digits, punctuation, spaces).
-    split = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    split = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer_config = {
@@ -229,7 +261,11 @@ def _draw(name: str, shape: tuple[int, ...], projection_std: float = PROJECTION_
     randn = lambda: torch.randn(shape, generator=gen)  # noqa: E731
     leaf = name.rsplit(".", 2)
     if name.startswith("model.visual."):
-        return torch.ones(shape) if name.endswith("norm1.weight") or name.endswith("norm2.weight") else VISION_STD * randn()
+        return (
+            torch.ones(shape)
+            if name.endswith("norm1.weight") or name.endswith("norm2.weight")
+            else VISION_STD * randn()
+        )
     if name.endswith(".A_log") or name.endswith(".dt_bias"):
         prefix, leaf_name = name.rsplit(".", 1)
         return decay_parameters(prefix, shape[0])[0 if leaf_name == "A_log" else 1]

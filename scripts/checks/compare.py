@@ -7,6 +7,7 @@
 Either side not finite: both figures are inf (NaN or inf in the output) or NaN (in the reference),
 and `judge` names the key. Every bound is checked as `not value <= limit`, so NaN fails it.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,23 @@ def describe(key: str, value, limit: float) -> str:
     return f"{key} {value:.3g} > {limit:g}"
 
 
-WHERE = ("check", "backend", "mode", "signature", "layer", "L", "record", "p", "s", "question", "entry", "seed",
-         "input_scale", "regime", "initial_state")
+WHERE = (
+    "check",
+    "backend",
+    "mode",
+    "signature",
+    "layer",
+    "L",
+    "record",
+    "p",
+    "s",
+    "question",
+    "entry",
+    "seed",
+    "input_scale",
+    "regime",
+    "initial_state",
+)
 
 
 def where(row: dict) -> str:
@@ -109,6 +125,7 @@ def shown(value, spec: str = ".3g") -> str:
 
 # ---- controls: a check rerun with the fault it exists to catch (scripts/checks/controls.py) ------------
 
+
 def margin(control_error, threshold: float):
     """How many times its bound a fault's error is (NaN and inf: infinitely far; None: no fault)."""
     if control_error is None:
@@ -126,5 +143,7 @@ def control_problems(name: str, control_error, threshold: float, min_over: float
     m = margin(control_error, threshold)
     if m >= min_over:
         return []
-    return [f"control {name}: the fault gives {control_error:.3g}, {m:.3g}x the bound {threshold:g} (needs >= "
-            f"{min_over:g}x): the check cannot see the failure it is named after"]
+    return [
+        f"control {name}: the fault gives {control_error:.3g}, {m:.3g}x the bound {threshold:g} (needs >= "
+        f"{min_over:g}x): the check cannot see the failure it is named after"
+    ]

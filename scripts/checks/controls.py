@@ -11,6 +11,7 @@ scripts/checks/compare.py control_problems judges it).
   state: what a padded prefix hands its suffix then differs from the state at its last real token.
 - a pair's recurrent state zeroed between prefix and suffix: `zero_recurrent` (pair_check).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,7 +45,7 @@ def memory_cut(model, form: kernel_form.Form | str):
             m.chunk_gated_delta_rule = kernel
         yield
     finally:
-        for m, k in zip(layers, saved):
+        for m, k in zip(layers, saved, strict=True):
             if k is None:
                 m.__dict__.pop("chunk_gated_delta_rule", None)
             else:

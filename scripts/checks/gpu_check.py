@@ -11,6 +11,7 @@ in fp32 (`enforce_f32`) and in the accelerator's default fp16 mode, on host-buil
 Errors: scripts/checks/compare.py, global and per position; fp32 holds both to their bounds
 (verify_gpu.max_rel_fp32, max_rel_per_position_fp32).
 """
+
 from __future__ import annotations
 
 import copy
@@ -78,8 +79,13 @@ def row_rows(compiled: dict, model, host: Host, refs: StockReferences, records: 
         for mode, c in compiled.items():
             outs = c.signature()(**inputs)
             out = outs["hidden"][0, :n]
-            row = {"mode": mode, "record": kind, "n_real": n, "finite": finite(outs),
-                   **compare.figures("vs_torch", out, ref)}
+            row = {
+                "mode": mode,
+                "record": kind,
+                "n_real": n,
+                "finite": finite(outs),
+                **compare.figures("vs_torch", out, ref),
+            }
             if mode == "fp16":
                 row.update(fp16_figures(out, exact, half))
             rows.append(row)
@@ -93,7 +99,7 @@ def signature_rows(compiled: dict, prefix_module, suffix_module, host: Host, P: 
     with torch.no_grad():
         ref_prefix = dict(prefix_module(**prefix_in))
     state = {k: v for k, v in ref_prefix.items() if k != "hidden"}
-    suffix_in = {**host.record(ids[p:p + S], S, start=p), **state}
+    suffix_in = {**host.record(ids[p : p + S], S, start=p), **state}
     with torch.no_grad():
         ref_suffix = dict(suffix_module(**suffix_in))
     rows = []
@@ -101,34 +107,53 @@ def signature_rows(compiled: dict, prefix_module, suffix_module, host: Host, P: 
         for name, inputs, ref in (("prefix", prefix_in, ref_prefix), ("suffix", suffix_in, ref_suffix)):
             outs = c.signature(name)(**inputs)
             per_output = {k: compare.figures("vs_torch", outs[k], ref[k], pair_graph.position_dim(k)) for k in ref}
-            rows.append({"mode": mode, "check": "signature", "signature": name, "p": p, "finite": finite(outs),
-                         **{key: compare.worst(per_output.values(), key)
-                            for key in ("rel_vs_torch", "rel_per_position_vs_torch")},
-                         "per_output": per_output})
+            rows.append(
+                {
+                    "mode": mode,
+                    "check": "signature",
+                    "signature": name,
+                    "p": p,
+                    "finite": finite(outs),
+                    **{
+                        key: compare.worst(per_output.values(), key)
+                        for key in ("rel_vs_torch", "rel_per_position_vs_torch")
+                    },
+                    "per_output": per_output,
+                }
+            )
     return rows
 
 
-def chaining_rows(compiled: dict, model, host: Host, refs: StockReferences, P: int, S: int, form: str,
-                  state_shapes: dict, ids_for) -> list[dict]:
+def chaining_rows(
+    compiled: dict, model, host: Host, refs: StockReferences, P: int, S: int, form: str, state_shapes: dict, ids_for
+) -> list[dict]:
     """suffix(prefix(x[:p]), x[p:p+s]) on the GPU vs the row graph (fp32) and stock float64 (fp16)."""
     row = ClefRowPrefill(model, P + S).eval()
-    runners = {mode: PairRunner(host, c.signature("prefix"), c.signature("suffix"), P, S, form, state_shapes)
-               for mode, c in compiled.items()}
+    runners = {
+        mode: PairRunner(host, c.signature("prefix"), c.signature("suffix"), P, S, form, state_shapes)
+        for mode, c in compiled.items()
+    }
     rows = []
     for p in sorted({1, P // 2, P}):
         for s in sorted({1, S}):
             ids = ids_for(p + s)
             full = host.record(ids, P + S)
             with torch.no_grad():
-                ref = row(**full)["hidden"][0, p:p + s]
-            exact, half = refs.hidden(full["embeds"][:, :p + s])
+                ref = row(**full)["hidden"][0, p : p + s]
+            exact, half = refs.hidden(full["embeds"][:, : p + s])
             for mode, runner in runners.items():
                 prefix_hidden, state = runner.prefix(ids[:p])
                 out = runner.suffix(state, ids[p:])[0]
-                r = {"mode": mode, "check": "chaining", "p": p, "s": s, "prefix_padded": p < P,
-                     "finite": bool(torch.isfinite(out).all() and torch.isfinite(prefix_hidden).all())
-                     and finite(state.tensors),
-                     **compare.figures("vs_torch", out, ref)}
+                r = {
+                    "mode": mode,
+                    "check": "chaining",
+                    "p": p,
+                    "s": s,
+                    "prefix_padded": p < P,
+                    "finite": bool(torch.isfinite(out).all() and torch.isfinite(prefix_hidden).all())
+                    and finite(state.tensors),
+                    **compare.figures("vs_torch", out, ref),
+                }
                 if mode == "fp16":
                     r.update(fp16_figures(out, exact[p:], half[p:]))
                 rows.append(r)
@@ -140,18 +165,22 @@ def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
     position). The fp16 ratio to the floor is recorded against its target, not enforced."""
     fp32 = [r for r in rows if r["mode"] == "fp32"]
     problems = compare.judge([r for r in rows if r["mode"] != "fp32"], {})
-    problems += compare.judge(fp32, {"rel_vs_torch": bounds["max_rel_fp32"],
-                                     "rel_per_position_vs_torch": bounds["max_rel_per_position_fp32"]})
+    problems += compare.judge(
+        fp32, {"rel_vs_torch": bounds["max_rel_fp32"], "rel_per_position_vs_torch": bounds["max_rel_per_position_fp32"]}
+    )
     fp16 = [r for r in rows if "rel_vs_f64" in r]
     ratio = compare.largest([r["rel_vs_f64"] / max(r["rel_floor_vs_f64"], 1e-30) for r in fp16])
     over_floor = bounds["fp16_max_over_floor"]
-    doc = {"fp32_max_rel_vs_torch": compare.worst(fp32, "rel_vs_torch"),
-           "fp32_max_rel_per_position_vs_torch": compare.worst(fp32, "rel_per_position_vs_torch"),
-           "fp16_max_rel_vs_f64": compare.worst(fp16, "rel_vs_f64"),
-           "fp16_max_rel_per_position_vs_f64": compare.worst(fp16, "rel_per_position_vs_f64"),
-           "floor_max_rel_vs_f64": compare.worst(fp16, "rel_floor_vs_f64"),
-           "floor_max_rel_per_position_vs_f64": compare.worst(fp16, "rel_per_position_floor_vs_f64"),
-           "fp16_over_floor": ratio, "fp16_target_over_floor": over_floor,
-           "fp16_within_target": not compare.exceeds(ratio, over_floor),
-           "all_finite": all(r["finite"] for r in rows)}
+    doc = {
+        "fp32_max_rel_vs_torch": compare.worst(fp32, "rel_vs_torch"),
+        "fp32_max_rel_per_position_vs_torch": compare.worst(fp32, "rel_per_position_vs_torch"),
+        "fp16_max_rel_vs_f64": compare.worst(fp16, "rel_vs_f64"),
+        "fp16_max_rel_per_position_vs_f64": compare.worst(fp16, "rel_per_position_vs_f64"),
+        "floor_max_rel_vs_f64": compare.worst(fp16, "rel_floor_vs_f64"),
+        "floor_max_rel_per_position_vs_f64": compare.worst(fp16, "rel_per_position_floor_vs_f64"),
+        "fp16_over_floor": ratio,
+        "fp16_target_over_floor": over_floor,
+        "fp16_within_target": not compare.exceeds(ratio, over_floor),
+        "all_finite": all(r["finite"] for r in rows),
+    }
     return doc, problems

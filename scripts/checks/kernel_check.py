@@ -15,6 +15,7 @@ q and k are drawn with the checkpoint's key-head count and interleaved to the va
 head pairs are identical as in clef-flash. The truth is the token-by-token recurrence in float64.
 Errors: scripts/checks/compare.py (global, and per position for the output).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -41,7 +42,7 @@ def regime_inputs(name: str, length: int, seed: int, hk: int, hv: int, dk: int, 
         k = torch.randn(1, length, hk, dk, generator=gen)
     elif name == "correlated_keys":
         u = torch.randn(1, 1, hk, dk, generator=gen)
-        k = u / u.norm(dim=-1, keepdim=True) * dk ** 0.5 + 0.3 * torch.randn(1, length, hk, dk, generator=gen)
+        k = u / u.norm(dim=-1, keepdim=True) * dk**0.5 + 0.3 * torch.randn(1, length, hk, dk, generator=gen)
     elif name == "one_key":
         k = torch.randn(1, 1, hk, dk, generator=gen).expand(1, length, hk, dk).contiguous()
     else:
@@ -55,8 +56,11 @@ def regime_inputs(name: str, length: int, seed: int, hk: int, hv: int, dk: int, 
         g = -0.02 * torch.rand(1, length, hv, generator=gen)
     elif name == "gate_extremes":
         beta = 0.2 + 0.7 * torch.rand(1, length, hv, generator=gen)
-        g = Gate(a=GATE_A_MAX * (2 * torch.rand(1, length, hv, generator=gen) - 1),
-                 A=1.0 + 15.0 * torch.rand(hv, generator=gen), dt_bias=2 * torch.rand(hv, generator=gen) - 1)
+        g = Gate(
+            a=GATE_A_MAX * (2 * torch.rand(1, length, hv, generator=gen) - 1),
+            A=1.0 + 15.0 * torch.rand(hv, generator=gen),
+            dt_bias=2 * torch.rand(hv, generator=gen) - 1,
+        )
     else:
         beta = torch.full((1, length, hv), 0.5)
         g = torch.zeros(1, length, hv)
@@ -69,6 +73,7 @@ def regime_inputs(name: str, length: int, seed: int, hk: int, hv: int, dk: int, 
 @dataclass(frozen=True)
 class Gate:
     """gate_extremes's g before it is computed: g = -A softplus(a + dt_bias), evaluated in the dtype of the run."""
+
     a: torch.Tensor  # [B, L, H]
     A: torch.Tensor  # [H]
     dt_bias: torch.Tensor  # [H]
@@ -112,8 +117,9 @@ def run_form(form, inputs, dtype=torch.float32, scaled_state=True, kernel=None):
     if isinstance(g, Gate):  # gate_extremes: the gate in the run's dtype through the form's softplus
         g = g.to(dtype, gated_delta.safe_softplus if form.sp else None)
     cast = [None if x is None else x.to(dtype) for x in (q, k, v, g, beta, s0)]
-    out, state = (kernel or gated_delta.make_kernel(form))(*cast[:5], initial_state=cast[5], output_final_state=True,
-                                               use_qk_l2norm_in_kernel=True)
+    out, state = (kernel or gated_delta.make_kernel(form))(
+        *cast[:5], initial_state=cast[5], output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     return out.to(torch.float64) / scale, state.to(torch.float64) / scale
 
 
@@ -124,8 +130,10 @@ def finite(*xs) -> bool:
 def form_figures(out, state, out_ref, state_ref, what: str) -> dict:
     """The output (global and per position: positions are axis 1 of [B, L, H, Dv]) and the state
     (global: it has no positions) of one kernel run against a reference."""
-    return {**compare.figures(what, out, out_ref, position_dim=1),
-            **compare.figures(f"state_{what}", state, state_ref, position_dim=None)}
+    return {
+        **compare.figures(what, out, out_ref, position_dim=1),
+        **compare.figures(f"state_{what}", state, state_ref, position_dim=None),
+    }
 
 
 def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = None) -> list[dict]:
@@ -139,28 +147,40 @@ def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = No
         for length in LENGTHS:
             for init in (False, True):
                 case += 1
-                inputs = regime_inputs(name, length, seed + case, heads["k"], heads["v"], heads["k_dim"],
-                                       heads["v_dim"], init)
+                inputs = regime_inputs(
+                    name, length, seed + case, heads["k"], heads["v"], heads["k_dim"], heads["v_dim"], init
+                )
                 q, k, v, g, beta, s0 = inputs
                 out_t, state_t = recurrence_f64(q, k, v, g, beta, s0)  # gate_extremes's gate exact in float64
                 if isinstance(g, Gate):
                     g = g.to(torch.float32)
-                out_s, state_s = stock_kernel(q, k, v, g, beta, initial_state=s0, output_final_state=True,
-                                              use_qk_l2norm_in_kernel=True)
-                row = {"regime": name, "L": length, "initial_state": init,
-                       "head_pairs_identical": bool(torch.equal(q[:, :, 0::2], q[:, :, 1::2])),
-                       "stock": {**form_figures(out_s, state_s, out_t, state_t, "vs_f64"),
-                                 "finite": finite(out_s, state_s)},
-                       "forms": {}}
+                out_s, state_s = stock_kernel(
+                    q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True
+                )
+                row = {
+                    "regime": name,
+                    "L": length,
+                    "initial_state": init,
+                    "head_pairs_identical": bool(torch.equal(q[:, :, 0::2], q[:, :, 1::2])),
+                    "stock": {
+                        **form_figures(out_s, state_s, out_t, state_t, "vs_f64"),
+                        "finite": finite(out_s, state_s),
+                    },
+                    "forms": {},
+                }
                 for text in forms:
                     form = kernel_form.parse(text)
                     out, state = run_form(form, inputs)
                     out16, state16 = run_form(form, inputs, dtype=torch.float16)
-                    entry = {**form_figures(out, state, out_t, state_t, "vs_f64"),
-                             **form_figures(out, state, out_s.double(), state_s.double(), "vs_stock"),
-                             "finite": finite(out, state),
-                             "fp16": {"finite": finite(out16, state16),
-                                      **form_figures(out16, state16, out_t, state_t, "vs_f64")}}
+                    entry = {
+                        **form_figures(out, state, out_t, state_t, "vs_f64"),
+                        **form_figures(out, state, out_s.double(), state_s.double(), "vs_stock"),
+                        "finite": finite(out, state),
+                        "fp16": {
+                            "finite": finite(out16, state16),
+                            **form_figures(out16, state16, out_t, state_t, "vs_f64"),
+                        },
+                    }
                     if init and form.vs:
                         wrong, _ = run_form(form, inputs, scaled_state=False)
                         entry["control_unscaled_state_rel_vs_f64"] = compare.rel(wrong, out_t)
@@ -188,11 +208,15 @@ def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dic
     def labelled(r, entry):
         return {"check": form, "regime": r["regime"], "L": r["L"], "initial_state": r["initial_state"], **entry}
 
-    failures = compare.judge([labelled(r, {k: r["forms"][form][k] for k in (*BOUNDED, "finite")}) for r in rows],
-                             bounds)
-    failures += [f"{compare.where(labelled(r, {}))}not finite in fp16" for r in rows
-                 if not r["forms"][form]["fp16"]["finite"]]
-    cut = [labelled(r, r["forms"][form]["control_memory_cut"]) for r in rows if "control_memory_cut" in r["forms"][form]]
+    failures = compare.judge(
+        [labelled(r, {k: r["forms"][form][k] for k in (*BOUNDED, "finite")}) for r in rows], bounds
+    )
+    failures += [
+        f"{compare.where(labelled(r, {}))}not finite in fp16" for r in rows if not r["forms"][form]["fp16"]["finite"]
+    ]
+    cut = [
+        labelled(r, r["forms"][form]["control_memory_cut"]) for r in rows if "control_memory_cut" in r["forms"][form]
+    ]
     control = compare.worst(cut, "rel_vs_f64")
     failures += compare.control_problems("memory_cut", control, limits["rel_vs_f64"], min_over)
     return {
@@ -200,28 +224,52 @@ def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dic
         "thresholds": bounds,
         "passed": not failures,
         "failures": failures,
-        "max_rel_vs_f64": {f: {"out": worst("rel_vs_f64", f), "out_per_position": worst("rel_per_position_vs_f64", f),
-                               "state": worst("rel_state_vs_f64", f)} for f in forms},
-        "max_rel_vs_stock": {f: {"out": worst("rel_vs_stock", f), "state": worst("rel_state_vs_stock", f)}
-                             for f in forms},
-        "stock_max_rel_vs_f64": {"out": compare.worst([r["stock"] for r in rows], "rel_vs_f64"),
-                                 "out_per_position": compare.worst([r["stock"] for r in rows], "rel_per_position_vs_f64"),
-                                 "state": compare.worst([r["stock"] for r in rows], "rel_state_vs_f64")},
-        "all_finite": all(r["stock"]["finite"] for r in rows) and all(r["forms"][f]["finite"] for r in rows for f in forms),
+        "max_rel_vs_f64": {
+            f: {
+                "out": worst("rel_vs_f64", f),
+                "out_per_position": worst("rel_per_position_vs_f64", f),
+                "state": worst("rel_state_vs_f64", f),
+            }
+            for f in forms
+        },
+        "max_rel_vs_stock": {
+            f: {"out": worst("rel_vs_stock", f), "state": worst("rel_state_vs_stock", f)} for f in forms
+        },
+        "stock_max_rel_vs_f64": {
+            "out": compare.worst([r["stock"] for r in rows], "rel_vs_f64"),
+            "out_per_position": compare.worst([r["stock"] for r in rows], "rel_per_position_vs_f64"),
+            "state": compare.worst([r["stock"] for r in rows], "rel_state_vs_f64"),
+        },
+        "all_finite": all(r["stock"]["finite"] for r in rows)
+        and all(r["forms"][f]["finite"] for r in rows for f in forms),
         "head_pairs_identical": all(r["head_pairs_identical"] for r in rows),
-        "fp16": {f: {"all_finite": all(r["forms"][f]["fp16"]["finite"] for r in rows),
-                     "max_out_rel_vs_f64": worst("rel_vs_f64", f, "fp16"),
-                     "max_out_rel_per_position_vs_f64": worst("rel_per_position_vs_f64", f, "fp16"),
-                     "max_state_rel_vs_f64": worst("rel_state_vs_f64", f, "fp16")} for f in forms},
+        "fp16": {
+            f: {
+                "all_finite": all(r["forms"][f]["fp16"]["finite"] for r in rows),
+                "max_out_rel_vs_f64": worst("rel_vs_f64", f, "fp16"),
+                "max_out_rel_per_position_vs_f64": worst("rel_per_position_vs_f64", f, "fp16"),
+                "max_state_rel_vs_f64": worst("rel_state_vs_f64", f, "fp16"),
+            }
+            for f in forms
+        },
         "fp16_note": "fp16 runs the kernel's own arithmetic in float16; `loop` is the stock algorithm op for op "
-                     "(transformers' stock function upcasts to float32 inside, so it cannot show fp16). The "
-                     "configured form must be finite in fp16 in every regime.",
-        "control_memory_cut": {"rel_vs_f64": control, "over_threshold": compare.margin(control, limits["rel_vs_f64"]),
-                               "required_over_threshold": min_over,
-                               "what": "the configured form with its state zeroed at every chunk boundary"},
+        "(transformers' stock function upcasts to float32 inside, so it cannot show fp16). The "
+        "configured form must be finite in fp16 in every regime.",
+        "control_memory_cut": {
+            "rel_vs_f64": control,
+            "over_threshold": compare.margin(control, limits["rel_vs_f64"]),
+            "required_over_threshold": min_over,
+            "what": "the configured form with its state zeroed at every chunk boundary",
+        },
         "vs_control_unscaled_state_min_out_rel_vs_f64": min(
-            [r["forms"][f]["control_unscaled_state_rel_vs_f64"] for r in rows for f in forms
-             if "control_unscaled_state_rel_vs_f64" in r["forms"][f]], default=None),
+            [
+                r["forms"][f]["control_unscaled_state_rel_vs_f64"]
+                for r in rows
+                for f in forms
+                if "control_unscaled_state_rel_vs_f64" in r["forms"][f]
+            ],
+            default=None,
+        ),
     }
 
 
@@ -245,7 +293,7 @@ def median_seconds(fns, args, repeats: int) -> list[float]:
         for fn in fns:
             fn(*args, **kwargs)  # warm-up
         for _ in range(repeats):
-            for fn, bucket in zip(fns, times):
+            for fn, bucket in zip(fns, times, strict=True):
                 t0 = time.perf_counter()
                 fn(*args, **kwargs)
                 bucket.append(time.perf_counter() - t0)
@@ -260,13 +308,29 @@ def bench(form: str, heads: int, head_dim: int, lengths, repeats: int) -> dict:
     rows = []
     for length in lengths:
         gen = torch.Generator().manual_seed(length)
-        args = (torch.randn(1, length, heads, head_dim, generator=gen), torch.randn(1, length, heads, head_dim, generator=gen),
-                torch.randn(1, length, heads, head_dim, generator=gen), -torch.rand(1, length, heads, generator=gen),
-                torch.rand(1, length, heads, generator=gen))
+        args = (
+            torch.randn(1, length, heads, head_dim, generator=gen),
+            torch.randn(1, length, heads, head_dim, generator=gen),
+            torch.randn(1, length, heads, head_dim, generator=gen),
+            -torch.rand(1, length, heads, generator=gen),
+            torch.rand(1, length, heads, generator=gen),
+        )
         t_stock, t_form = median_seconds([stock_kernel, kernel], args, repeats)
-        rows.append({"L": length, "stock_median_s": t_stock, "form_median_s": t_form,
-                     "speedup_stock_over_form": t_stock / t_form,
-                     "export_nodes_stock": export_nodes(stock_kernel, args),
-                     "export_nodes_form": export_nodes(kernel, args)})
-    return {"form": form, "heads": heads, "head_dim": head_dim, "repeats": repeats, "torch_threads": torch.get_num_threads(),
-            "rows": rows}
+        rows.append(
+            {
+                "L": length,
+                "stock_median_s": t_stock,
+                "form_median_s": t_form,
+                "speedup_stock_over_form": t_stock / t_form,
+                "export_nodes_stock": export_nodes(stock_kernel, args),
+                "export_nodes_form": export_nodes(kernel, args),
+            }
+        )
+    return {
+        "form": form,
+        "heads": heads,
+        "head_dim": head_dim,
+        "repeats": repeats,
+        "torch_threads": torch.get_num_threads(),
+        "rows": rows,
+    }

@@ -18,6 +18,7 @@ guard does; verify_pair's chaining with padded prefixes is what sees the guard.
 Both rerun with the memory-cut fault (scripts/checks/controls.py), which must break the bound.
 Errors: scripts/checks/compare.py, global and per position, over the real positions.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,9 +46,15 @@ def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1
     layers = [(i, layer.linear_attn) for i, layer in enumerate(model.layers) if layer.block_type == "linear_attention"]
     valid = torch.zeros(1, length)
     valid[0, :n_real] = 1.0
-    cases = [(seed, scale, torch.randn(1, length, model.config.hidden_size,
-                                       generator=torch.Generator().manual_seed(seed)) * scale)
-             for seed in seeds for scale in scales]
+    cases = [
+        (
+            seed,
+            scale,
+            torch.randn(1, length, model.config.hidden_size, generator=torch.Generator().manual_seed(seed)) * scale,
+        )
+        for seed in seeds
+        for scale in scales
+    ]
     with torch.no_grad():
         refs = {}
         for i, m in layers:
@@ -65,11 +72,20 @@ def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1
                 row = {"layer": i, "seed": seed, "input_scale": scale, "L": length, "n_real": n_real}
                 if controls.memory_cut_applies(form, n_real):
                     with controls.memory_cut(m, form):
-                        row["control_memory_cut_rel_vs_stock_f64"] = compare.rel(m(x, attention_mask=valid)[0, :n_real], exact)
-                rows.append({**row, **compare.figures("vs_stock_f64", out, exact), **compare.figures("vs_stock_fp32", out, stock),
-                             **compare.figures("stock_fp32_vs_f64", stock, exact),
-                             "finite": bool(torch.isfinite(out).all()),
-                             "interleave_calls": calls["calls"], "interleave_calls_expected": 2})
+                        row["control_memory_cut_rel_vs_stock_f64"] = compare.rel(
+                            m(x, attention_mask=valid)[0, :n_real], exact
+                        )
+                rows.append(
+                    {
+                        **row,
+                        **compare.figures("vs_stock_f64", out, exact),
+                        **compare.figures("vs_stock_fp32", out, stock),
+                        **compare.figures("stock_fp32_vs_f64", stock, exact),
+                        "finite": bool(torch.isfinite(out).all()),
+                        "interleave_calls": calls["calls"],
+                        "interleave_calls_expected": 2,
+                    }
+                )
     return rows
 
 
@@ -99,12 +115,24 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
             control = {}
             if controls.memory_cut_applies(form, n):
                 with torch.no_grad(), controls.memory_cut(model, form):
-                    control["control_memory_cut_rel_vs_stock_f64"] = compare.rel(graph(**inputs)["hidden"][0, :n], exact)
-            rows.append({"check": "vs_stock", "L": length, "record": kind, "n_real": n,
-                         **compare.figures("vs_stock_f64", hidden, exact), **compare.figures("vs_stock_fp32", hidden, stock),
-                         **compare.figures("stock_fp32_vs_f64", stock, exact),
-                         **control, "finite": bool(torch.isfinite(hidden).all()),
-                         "interleave_calls": calls["calls"], "interleave_calls_expected": 2 * gdn_layers})
+                    control["control_memory_cut_rel_vs_stock_f64"] = compare.rel(
+                        graph(**inputs)["hidden"][0, :n], exact
+                    )
+            rows.append(
+                {
+                    "check": "vs_stock",
+                    "L": length,
+                    "record": kind,
+                    "n_real": n,
+                    **compare.figures("vs_stock_f64", hidden, exact),
+                    **compare.figures("vs_stock_fp32", hidden, stock),
+                    **compare.figures("stock_fp32_vs_f64", stock, exact),
+                    **control,
+                    "finite": bool(torch.isfinite(hidden).all()),
+                    "interleave_calls": calls["calls"],
+                    "interleave_calls_expected": 2 * gdn_layers,
+                }
+            )
         rows.append(causality(model, model64, host, length, vocab, seed))
     return rows
 
@@ -129,18 +157,29 @@ def causality(model, model64, host: Host, length: int, vocab: int, seed: int) ->
         with torch.no_grad():
             return ClefRowPrefill(m, size).to(dtype)(**{k: v.to(dtype) for k, v in inputs.items()})["hidden"][0, :n]
 
-    h_zero, h_garbage, h_bare = (run(model, zero, length, torch.float32), run(model, garbage, length, torch.float32),
-                                 run(model, bare, n, torch.float32))
-    e_zero, e_garbage, e_bare = (run(model64, zero, length, torch.float64), run(model64, garbage, length, torch.float64),
-                                 run(model64, bare, n, torch.float64))
-    return {"check": "causality", "L": length, "n_real": n,
-            "rel_causality": compare.largest([compare.rel(h_garbage, h_zero), compare.rel(e_garbage, e_zero),
-                                              compare.rel(e_bare, e_zero)]),
-            "rel_garbage_vs_zero_pads": compare.rel(h_garbage, h_zero),
-            "rel_f64_garbage_vs_zero_pads": compare.rel(e_garbage, e_zero),
-            "rel_f64_no_pads_vs_zero_pads": compare.rel(e_bare, e_zero),
-            "fp32_rel_no_pads_vs_zero_pads": compare.rel(h_bare, h_zero),
-            "finite": bool(torch.isfinite(h_garbage).all())}
+    h_zero, h_garbage, h_bare = (
+        run(model, zero, length, torch.float32),
+        run(model, garbage, length, torch.float32),
+        run(model, bare, n, torch.float32),
+    )
+    e_zero, e_garbage, e_bare = (
+        run(model64, zero, length, torch.float64),
+        run(model64, garbage, length, torch.float64),
+        run(model64, bare, n, torch.float64),
+    )
+    return {
+        "check": "causality",
+        "L": length,
+        "n_real": n,
+        "rel_causality": compare.largest(
+            [compare.rel(h_garbage, h_zero), compare.rel(e_garbage, e_zero), compare.rel(e_bare, e_zero)]
+        ),
+        "rel_garbage_vs_zero_pads": compare.rel(h_garbage, h_zero),
+        "rel_f64_garbage_vs_zero_pads": compare.rel(e_garbage, e_zero),
+        "rel_f64_no_pads_vs_zero_pads": compare.rel(e_bare, e_zero),
+        "fp32_rel_no_pads_vs_zero_pads": compare.rel(h_bare, h_zero),
+        "finite": bool(torch.isfinite(h_garbage).all()),
+    }
 
 
 def failures(rows: list[dict], limits: dict) -> list[str]:
@@ -149,5 +188,7 @@ def failures(rows: list[dict], limits: dict) -> list[str]:
     out = compare.judge(rows, limits)
     for r in rows:
         if "interleave_calls_expected" in r and r["interleave_calls"] != r["interleave_calls_expected"]:
-            out.append(f"{compare.where(r)}{r['interleave_calls']} interleave calls, expected {r['interleave_calls_expected']}")
+            out.append(
+                f"{compare.where(r)}{r['interleave_calls']} interleave calls, expected {r['interleave_calls_expected']}"
+            )
     return out

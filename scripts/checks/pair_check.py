@@ -11,6 +11,7 @@ Controls (scripts/checks/controls.py), in every chaining row: the suffix fed the
 recurrent states zeroed; and, where the graph can be changed (torch), the prefix run without the pad
 guard. Errors: scripts/checks/compare.py, global and per position.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,18 +35,29 @@ def chaining(runner: PairRunner, row, vocab: int, seed: int, pad_guard_control: 
             cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
             with torch.no_grad():
                 ref = row(**runner.host.record(ids, P + S))["hidden"]
-            r = {"check": "chaining", "p": p, "s": s, "prefix_padded": p < P,
-                 **compare.figures("vs_row", hidden, ref[:, p:p + s]),
-                 "control_zero_state_rel_vs_row": compare.rel(runner.suffix(cut, ids[p:]), ref[:, p:p + s]),
-                 "finite": bool(torch.isfinite(hidden).all())}
+            r = {
+                "check": "chaining",
+                "p": p,
+                "s": s,
+                "prefix_padded": p < P,
+                **compare.figures("vs_row", hidden, ref[:, p : p + s]),
+                "control_zero_state_rel_vs_row": compare.rel(runner.suffix(cut, ids[p:]), ref[:, p : p + s]),
+                "finite": bool(torch.isfinite(hidden).all()),
+            }
             if pad_guard_control:
                 with controls.without_pad_guard():
                     _, unguarded = runner.prefix(ids[:p])
-                r["control_no_pad_guard_rel_vs_row"] = compare.rel(runner.suffix(unguarded, ids[p:]), ref[:, p:p + s])
+                r["control_no_pad_guard_rel_vs_row"] = compare.rel(runner.suffix(unguarded, ids[p:]), ref[:, p : p + s])
             rows.append(r)
             if s == 1:  # the prefix hidden does not depend on s
-                rows.append({"check": "prefix_hidden", "p": p, **compare.figures("vs_row", prefix_hidden, ref[:, :p]),
-                             "finite": bool(torch.isfinite(prefix_hidden).all())})
+                rows.append(
+                    {
+                        "check": "prefix_hidden",
+                        "p": p,
+                        **compare.figures("vs_row", prefix_hidden, ref[:, :p]),
+                        "finite": bool(torch.isfinite(prefix_hidden).all()),
+                    }
+                )
     return rows
 
 
@@ -59,9 +71,17 @@ def reuse(runner: PairRunner, row, vocab: int, seed: int) -> list[dict]:
         question = model_check.random_ids(S, vocab, seed + 1 + k)
         hidden = runner.suffix(state, question)
         with torch.no_grad():
-            ref = row(**runner.host.record(shared + question, P + S))["hidden"][:, p:p + S]
-        rows.append({"check": "reuse", "p": p, "s": S, "question": k, **compare.figures("vs_row", hidden, ref),
-                     "finite": bool(torch.isfinite(hidden).all())})
+            ref = row(**runner.host.record(shared + question, P + S))["hidden"][:, p : p + S]
+        rows.append(
+            {
+                "check": "reuse",
+                "p": p,
+                "s": S,
+                "question": k,
+                **compare.figures("vs_row", hidden, ref),
+                "finite": bool(torch.isfinite(hidden).all()),
+            }
+        )
     return rows
 
 
@@ -75,8 +95,10 @@ class StockCaches:
     def after(self, embeds: torch.Tensor) -> tuple:
         """[1, n, H] real-token embeddings -> (float64 cache, fp32 cache) after them."""
         with torch.no_grad():
-            return (self.exact(inputs_embeds=embeds.double(), use_cache=True).past_key_values,
-                    self.fp32(inputs_embeds=embeds, use_cache=True).past_key_values)
+            return (
+                self.exact(inputs_embeds=embeds.double(), use_cache=True).past_key_values,
+                self.fp32(inputs_embeds=embeds, use_cache=True).past_key_values,
+            )
 
 
 def cache_entries(model, cache, p: int) -> dict:
@@ -93,31 +115,55 @@ def cache_entries(model, cache, p: int) -> dict:
     return out
 
 
-def state_vs_transformers(runner: PairRunner, model, vocab: int, seed: int, stock: StockCaches | None = None) -> list[dict]:
+def state_vs_transformers(
+    runner: PairRunner, model, vocab: int, seed: int, stock: StockCaches | None = None
+) -> list[dict]:
     """The prefix state after p = P/2 tokens vs the stock caches after the same tokens: a row per entry."""
     p = runner.P // 2
     ids = model_check.random_ids(p, vocab, seed)
     _, state = runner.prefix(ids)
     stock = stock or StockCaches(model)
     exact, fp32 = (cache_entries(model, c, p) for c in stock.after(runner.host.record(ids, p)["embeds"][:, :p]))
-    scale = 2.0 ** runner.vs
+    scale = 2.0**runner.vs
     rows = []
     for name, ref in exact.items():
         ours = state.tensors[name]
         ours = ours / scale if name.endswith("_recurrent") else (ours[:, :, :p] if name.startswith("attn") else ours)
         dim = pair_graph.position_dim(name)
-        rows.append({"check": "state", "p": p, "entry": name, **compare.figures("state_vs_stock_f64", ours, ref, dim),
-                     **compare.figures("state_vs_stock_fp32", ours, fp32[name], dim),
-                     "finite": bool(torch.isfinite(ours).all())})
+        rows.append(
+            {
+                "check": "state",
+                "p": p,
+                "entry": name,
+                **compare.figures("state_vs_stock_f64", ours, ref, dim),
+                **compare.figures("state_vs_stock_fp32", ours, fp32[name], dim),
+                "finite": bool(torch.isfinite(ours).all()),
+            }
+        )
     slots = state.tensors[pair_graph.SLOTS]
-    rows.append({"check": "state", "p": p, "entry": pair_graph.SLOTS,
-                 **compare.figures("state_vs_stock_f64", slots, (torch.arange(runner.P) < p).float()[None], None),
-                 "finite": bool(torch.isfinite(slots).all())})
+    rows.append(
+        {
+            "check": "state",
+            "p": p,
+            "entry": pair_graph.SLOTS,
+            **compare.figures("state_vs_stock_f64", slots, (torch.arange(runner.P) < p).float()[None], None),
+            "finite": bool(torch.isfinite(slots).all()),
+        }
+    )
     return rows
 
 
-def check(runner: PairRunner, model, vocab: int, seed: int = 0, pad_guard_control: bool = False,
-          stock: StockCaches | None = None) -> list[dict]:
+def check(
+    runner: PairRunner,
+    model,
+    vocab: int,
+    seed: int = 0,
+    pad_guard_control: bool = False,
+    stock: StockCaches | None = None,
+) -> list[dict]:
     row = ClefRowPrefill(model, runner.P + runner.S).eval()
-    return (chaining(runner, row, vocab, seed, pad_guard_control) + reuse(runner, row, vocab, seed + 7)
-            + state_vs_transformers(runner, model, vocab, seed + 13, stock))
+    return (
+        chaining(runner, row, vocab, seed, pad_guard_control)
+        + reuse(runner, row, vocab, seed + 7)
+        + state_vs_transformers(runner, model, vocab, seed + 13, stock)
+    )

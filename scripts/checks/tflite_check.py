@@ -1,5 +1,6 @@
 """Run a row graph `.tflite` in the LiteRT interpreter against the torch row graph: accuracy at the
 real positions, and latency as a ratio measured in the same run (medians of interleaved rounds)."""
+
 from __future__ import annotations
 
 import statistics
@@ -38,7 +39,12 @@ def record_row(kind: str, n: int, lite: torch.Tensor, graph, inputs: dict, form)
     lite = lite[0, :n]
     with torch.no_grad():
         ref = graph(**inputs)["hidden"][0, :n]
-    row = {"record": kind, "n_real": n, **compare.figures("vs_torch", lite, ref), "finite": bool(torch.isfinite(lite).all())}
+    row = {
+        "record": kind,
+        "n_real": n,
+        **compare.figures("vs_torch", lite, ref),
+        "finite": bool(torch.isfinite(lite).all()),
+    }
     if controls.memory_cut_applies(form, n):
         with torch.no_grad(), controls.memory_cut(graph.text_model, form):
             row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, graph(**inputs)["hidden"][0, :n])

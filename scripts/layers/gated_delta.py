@@ -7,6 +7,7 @@ kernel works on rank-4 tensors laid out chunk-major, [chunks, B*H, C, D] (each c
 contiguous memory), builds every mask once as a constant, and unrolls only the loop over chunks
 (fixed at a fixed L).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from scripts.pipeline.errors import ClefError
 from scripts.layers.kernel_form import STOCK, Form, parse
+from scripts.pipeline.errors import ClefError
 
 L2NORM_EPS = 1e-6  # the stock kernel's (and fla's) l2norm eps
 # ec floors each token's log-decay g at -30: exp(-30) ~ 9e-14 is below fp32's resolution next to 1,
@@ -27,6 +28,7 @@ G_FLOOR = -30.0
 
 # ---------------------------------------------------------------------------------------------
 # constants, built once per chunk size (float32; cast to the kernel's dtype at use)
+
 
 @dataclass(frozen=True)
 class ChunkConstants:
@@ -40,7 +42,7 @@ class ChunkConstants:
     block_masks: tuple  # per doubling step b = 1, 2, 4, ...: the lower-left b x b block of each 2b block
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def chunk_constants(c: int) -> ChunkConstants:
     i = torch.arange(c)
     row, col = i[:, None], i[None, :]
@@ -66,6 +68,7 @@ def chunk_constants(c: int) -> ChunkConstants:
 
 # ---------------------------------------------------------------------------------------------
 # the pieces of the kernel
+
 
 def log1p_series(y: torch.Tensor) -> torch.Tensor:
     """log1p(y) for 0 <= y <= 1 as 2 atanh(s), s = y / (2 + y) <= 1/3, by its odd series to s^21 (the
@@ -158,13 +161,25 @@ def make_kernel(form: Form, carry_state: bool = True):
     const = chunk_constants(c)
     inverse = loop_inverse if form.loop else block_inverse
 
-    def kernel(query, key, value, g, beta, chunk_size=None, initial_state=None, output_final_state=False,
-               use_qk_l2norm_in_kernel=False, **kwargs):
+    def kernel(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        chunk_size=None,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        **kwargs,
+    ):
         b, length, h, dk = key.shape
         dv = value.shape[-1]
         if initial_state is not None and tuple(initial_state.shape) != (b, h, dk, dv):
-            raise ClefError(f"initial state of shape {list(initial_state.shape)} does not fit this layer: "
-                            f"expected [{b}, {h}, {dk}, {dv}] (batch, value heads, key dim, value dim)")
+            raise ClefError(
+                f"initial state of shape {list(initial_state.shape)} does not fit this layer: "
+                f"expected [{b}, {h}, {dk}, {dv}] (batch, value heads, key dim, value dim)"
+            )
         dtype = query.dtype
         if use_qk_l2norm_in_kernel:
             query, key = l2norm(query), l2norm(key)
@@ -184,7 +199,7 @@ def make_kernel(form: Form, carry_state: bool = True):
             # chunk-major, so that the chunk loop below reads contiguous slices
             return x.reshape(b * h, n_chunks, c, *tail_dims).transpose(0, 1).contiguous()
 
-        q = chunk_major(query, (dk,)) * (dk ** -0.5)
+        q = chunk_major(query, (dk,)) * (dk**-0.5)
         k = chunk_major(key, (dk,))
         v = chunk_major(value, (dv,))
         beta_c = chunk_major(beta, ())
@@ -202,8 +217,11 @@ def make_kernel(form: Form, carry_state: bool = True):
         intra = (q @ k.transpose(-1, -2)) * gamma  # [N, BH, C, C]
         carry = decay_exp(total, form).unsqueeze(-1).unsqueeze(-1)  # [N, BH, 1, 1]
 
-        state = (torch.zeros(b * h, dk, dv, dtype=dtype) if initial_state is None
-                 else initial_state.to(dtype).reshape(b * h, dk, dv))
+        state = (
+            torch.zeros(b * h, dk, dv, dtype=dtype)
+            if initial_state is None
+            else initial_state.to(dtype).reshape(b * h, dk, dv)
+        )
         outs = []
         for i in range(n_chunks):  # unrolled at a fixed L: one block of ops per chunk, none per token
             if i and not carry_state:
@@ -225,6 +243,7 @@ def make_kernel(form: Form, carry_state: bool = True):
 
 # ---------------------------------------------------------------------------------------------
 # apply / reset on a model
+
 
 def gated_deltanets(model: torch.nn.Module) -> list:
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
@@ -257,9 +276,13 @@ def set_form(model: torch.nn.Module, form: Form | str) -> dict:
 
     _switch(layers, form)
     stock_class = any(type(m) is Qwen3_5GatedDeltaNet for m in layers)
-    return {"form": str(form), "layers": len(layers), "kernel": layers[0].chunk_gated_delta_rule.__name__,
-            "softplus": "stock" if not form.sp else ("not applied (stock class)" if stock_class else "safe"),
-            "norm_eps_scale": form.v_scale**2}
+    return {
+        "form": str(form),
+        "layers": len(layers),
+        "kernel": layers[0].chunk_gated_delta_rule.__name__,
+        "softplus": "stock" if not form.sp else ("not applied (stock class)" if stock_class else "safe"),
+        "norm_eps_scale": form.v_scale**2,
+    }
 
 
 @contextlib.contextmanager

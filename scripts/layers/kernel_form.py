@@ -13,6 +13,7 @@ Canonical order is the order above; defaults (cumsum, vs0) are left out of the c
 The kernel each form computes is scripts/layers/gated_delta.py's. No torch here: params.yaml is checked
 (scripts/pipeline/params.py) before anything heavy is imported.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,6 +25,8 @@ VALID_PARTS = "R<n> (n a power of two, 16..128) or loop; sp; ec; dd or cumsum; v
 CHUNK_MIN, CHUNK_MAX = 16, 128
 LOOP_CHUNK = 64  # the stock kernel's chunk
 VS_MAX = 12
+
+
 @dataclass(frozen=True)
 class Form:
     chunk: int = LOOP_CHUNK
@@ -42,7 +45,7 @@ class Form:
 
     @property
     def v_scale(self) -> float:
-        return float(2 ** self.vs)
+        return float(2**self.vs)
 
 
 STOCK = Form()
@@ -56,8 +59,9 @@ def parse(text: str) -> Form:
 
     def put(key, value, part):
         if key in fields:
-            raise ClefError(f"form {text!r}: part {part!r} conflicts with or repeats an earlier part; "
-                            f"valid parts: {VALID_PARTS}")
+            raise ClefError(
+                f"form {text!r}: part {part!r} conflicts with or repeats an earlier part; valid parts: {VALID_PARTS}"
+            )
         fields[key] = value
 
     for part in text.strip().split("+"):
@@ -82,8 +86,14 @@ def parse(text: str) -> Form:
     if "chunk" not in fields:
         raise ClefError(f"form {text!r} has no chunk part (R<n> or loop); valid parts: {VALID_PARTS}")
     chunk, loop = fields["chunk"]
-    return Form(chunk=chunk, loop=loop, sp=fields.get("sp", False), ec=fields.get("ec", False),
-                dd=fields.get("decay", False), vs=fields.get("vs", 0))
+    return Form(
+        chunk=chunk,
+        loop=loop,
+        sp=fields.get("sp", False),
+        ec=fields.get("ec", False),
+        dd=fields.get("decay", False),
+        vs=fields.get("vs", 0),
+    )
 
 
 def check_exportable(form: Form) -> None:

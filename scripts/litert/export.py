@@ -10,6 +10,7 @@ The metadata entry (`clef_litert`, JSON) makes the file self-describing: repo, r
 contract, the params it read, the versions of torch / transformers / litert-torch, and the git commit
 (and whether the pipeline's inputs were clean) that produced it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,9 +18,9 @@ from pathlib import Path
 import torch
 
 from scripts.layers import kernel_form
+from scripts.layers.kernel_form import Form
 from scripts.litert import tflite_file
 from scripts.pipeline import params, provenance
-from scripts.layers.kernel_form import Form
 from scripts.pipeline.errors import ClefError
 
 DEFAULT_SIGNATURE = "serving_default"  # the name litert_torch.convert gives a lone signature
@@ -53,10 +54,18 @@ def metadata(rec: dict, form: str, contract: dict, shape: dict, params_used: dic
     """What `clef audit` prints from the file alone. `shape` is {"kind": "row", "L": ..} or
     {"kind": "pair", "P": .., "S": ..}; `params_used` the params.yaml values the export read."""
     versions = provenance.package_versions()
-    return {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"], "form": form, **shape,
-            "contract_version": contract["version"], "contract": contract, "params": params_used,
-            "versions": {k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
-            "git": provenance.git_state()}
+    return {
+        "repo": rec["repo"],
+        "revision": rec["revision"],
+        "source": rec["source"],
+        "form": form,
+        **shape,
+        "contract_version": contract["version"],
+        "contract": contract,
+        "params": params_used,
+        "versions": {k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
+        "git": provenance.git_state(),
+    }
 
 
 def write(out: Path, raw: Path, meta: dict) -> int:

@@ -11,6 +11,7 @@ any adapter the accelerator cannot start: that is one ClefError naming what to i
 silent run on the CPU. Graphs are compiled for the GPU alone (no CPU fallback), so "compiled" means
 "fully accelerated"; `is_fully_accelerated()` is recorded as well.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,9 +29,11 @@ import torch
 
 from scripts.pipeline.errors import ClefError
 
-INSTALL_HINT = ("no Vulkan adapter for LiteRT's GPU accelerator: install Mesa's Vulkan driver >= 25 "
-                "(`make env` does it as root on Debian 12/13: mesa-vulkan-drivers, from bookworm-backports on 12) "
-                "or run on a machine with a GPU")
+INSTALL_HINT = (
+    "no Vulkan adapter for LiteRT's GPU accelerator: install Mesa's Vulkan driver >= 25 "
+    "(`make env` does it as root on Debian 12/13: mesa-vulkan-drivers, from bookworm-backports on 12) "
+    "or run on a machine with a GPU"
+)
 _ADAPTER = re.compile(r"Selected adapter: (.+?)(?:, arch=|$)", re.M)
 REFUSED_HEAD = "Following operations are not supported by GPU delegate:"
 FALLBACK = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
@@ -62,7 +65,7 @@ def refused_ops(log: str) -> list[str]:
     lines = log.splitlines()
     for i, line in enumerate(lines):
         if REFUSED_HEAD in line:
-            for nxt in lines[i + 1:]:
+            for nxt in lines[i + 1 :]:
                 if not re.match(r"^[A-Z0-9_]+: ", nxt.strip()):
                     break
                 if nxt.strip() not in ops:
@@ -109,12 +112,12 @@ class Compiled:
                 raise ClefError(f"{self.path} [{key}]: inputs {missing} not given")
             in_bufs = self.model.create_input_buffers(index)
             out_bufs = self.model.create_output_buffers(index)
-            for buf, n in zip(in_bufs, inputs):
+            for buf, n in zip(in_bufs, inputs, strict=True):
                 buf.write(np.ascontiguousarray(feeds[n].detach().cpu().numpy(), dtype=np.float32))
             with captured_stderr():  # the runtime logs every run from C++; what matters is in the outputs
                 self.model.run_by_index(index, in_bufs, out_bufs)
             result = {}
-            for buf, n in zip(out_bufs, outputs):
+            for buf, n in zip(out_bufs, outputs, strict=True):
                 shape = [int(d) for d in out_details[n]["shape"]]
                 result[n] = torch.from_numpy(buf.read(int(np.prod(shape)), np.float32).reshape(shape).copy())
             return result
@@ -171,11 +174,17 @@ def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: 
     refused = refused_ops(text)
     if refused or error is not None:
         fallback = FALLBACK.search(text)
-        counts = f"; {fallback.group(2)} of {int(fallback.group(1)) + int(fallback.group(2))} ops would run on the CPU" \
-            if fallback else ""
+        counts = (
+            f"; {fallback.group(2)} of {int(fallback.group(1)) + int(fallback.group(2))} ops would run on the CPU"
+            if fallback
+            else ""
+        )
         where = holding(census, refused[0].split(":")[0]) if refused else []
-        first = (f"first refused op {refused[0]}" + (f" in signature {', '.join(where)}" if where else "")
-                 if refused else f"the accelerator said: {error}")
+        first = (
+            f"first refused op {refused[0]}" + (f" in signature {', '.join(where)}" if where else "")
+            if refused
+            else f"the accelerator said: {error}"
+        )
         raise ClefError(f"{path} ({mode}): not compiled for the GPU accelerator alone on {name}: {first}{counts}")
     return Compiled(path, fp32, model, name, bool(model.is_fully_accelerated()), text)
 
@@ -199,5 +208,9 @@ def driver_info() -> str | None:
 def device(compiled: Compiled) -> dict:
     """What ran a graph: the adapter Dawn selected (as its log names it) and the Vulkan driver."""
     line = next((ln for ln in compiled.log.splitlines() if "Selected adapter:" in ln), "")
-    return {"adapter": compiled.adapter, "selected": line.split("Selected adapter:", 1)[-1].strip(),
-            "driver": driver_info(), "software": "adapterType=CPU" in line or "arch=software" in line}
+    return {
+        "adapter": compiled.adapter,
+        "selected": line.split("Selected adapter:", 1)[-1].strip(),
+        "driver": driver_info(),
+        "software": "adapterType=CPU" in line or "arch=software" in line,
+    }

@@ -12,6 +12,7 @@ the weight data, each buffer naming its absolute file offset. Everything here re
 (`read_head`), and `write_with_metadata` rebuilds the head and streams the data after it, shifting
 the offsets: a 3.5 GB graph is never held in memory, let alone re-serialized.
 """
+
 from __future__ import annotations
 
 import collections
@@ -63,7 +64,7 @@ def truncation(buf, size: int) -> str | None:
     or vector that reaches past the end (found by unpacking the whole flatbuffer: flatbuffers reads
     lazily, so a file cut by a few bytes still yields its metadata), or an external buffer that does."""
     try:
-        head = bytearray(buf[:_data_start(buf)])
+        head = bytearray(buf[: _data_start(buf)])
         model = flatbuffer_utils.convert_bytearray_to_object(head)
     except Exception as exc:  # struct.error / ValueError / IndexError on a cut table or vector
         return f"its flatbuffer cannot be read to the end ({type(exc).__name__}: {exc})"
@@ -87,7 +88,7 @@ def read_head(path) -> bytes:
             raise ClefError(f"{path} is not a readable .tflite model: no {FILE_IDENTIFIER.decode()} identifier")
         why = truncation(mm, size)
         if why is None:
-            return bytes(mm[:_data_start(mm)])
+            return bytes(mm[: _data_start(mm)])
     raise ClefError(f"{path} is truncated or damaged: {why}")
 
 
@@ -133,18 +134,30 @@ def census(source) -> dict:
         sg = model.subgraphs[sig.subgraphIndex]
         sig_ops = collections.Counter(op_name(model, op) for op in sg.operators)
 
-        def io(entries):
-            return [{"name": _name(e.name), "shape": [int(d) for d in sg.tensors[e.tensorIndex].shape],
-                     "dtype": _TYPE_NAMES.get(sg.tensors[e.tensorIndex].type, "?").lower()} for e in entries]
+        def io(entries, sg=sg):
+            return [
+                {
+                    "name": _name(e.name),
+                    "shape": [int(d) for d in sg.tensors[e.tensorIndex].shape],
+                    "dtype": _TYPE_NAMES.get(sg.tensors[e.tensorIndex].type, "?").lower(),
+                }
+                for e in entries
+            ]
 
         inputs = {e.tensorIndex: _name(e.name) for e in sig.inputs}
         by_tensor = collections.defaultdict(list)
         for e in sig.outputs:
             by_tensor[e.tensorIndex].append(_name(e.name))
-        aliased = sorted([f"{', '.join(sorted(names))} = input {inputs[t]}" for t, names in by_tensor.items() if t in inputs]
-                         + [" = ".join(sorted(names)) for t, names in by_tensor.items() if len(names) > 1 and t not in inputs])
-        signatures[_name(sig.signatureKey)] = {"inputs": io(sig.inputs), "outputs": io(sig.outputs),
-                                               "ops": dict(sorted(sig_ops.items())), "aliased_outputs": aliased}
+        aliased = sorted(
+            [f"{', '.join(sorted(names))} = input {inputs[t]}" for t, names in by_tensor.items() if t in inputs]
+            + [" = ".join(sorted(names)) for t, names in by_tensor.items() if len(names) > 1 and t not in inputs]
+        )
+        signatures[_name(sig.signatureKey)] = {
+            "inputs": io(sig.inputs),
+            "outputs": io(sig.outputs),
+            "ops": dict(sorted(sig_ops.items())),
+            "aliased_outputs": aliased,
+        }
     return {
         "ops": dict(sorted(ops.items())),
         "op_total": sum(ops.values()),
@@ -168,12 +181,16 @@ def violations(c: dict) -> list[str]:
         elif op.startswith("CUSTOM:") or op.startswith("STABLEHLO_"):
             out.append(f"op {op} x{n}")
     for op, n in c.get("low_rank_ops", {}).items():
-        out.append(f"op {op} x{n} on a tensor of rank < {RANK_LIMITED_OPS[op]} "
-                   "(LiteRT's GPU accelerator refuses it or computes it wrong)")
+        out.append(
+            f"op {op} x{n} on a tensor of rank < {RANK_LIMITED_OPS[op]} "
+            "(LiteRT's GPU accelerator refuses it or computes it wrong)"
+        )
     for name, sig in c["signatures"].items():
         for alias in sig.get("aliased_outputs", []):
-            out.append(f"signature {name}: outputs that are one tensor ({alias}): CompiledModel names them after "
-                       "one tensor, and the GPU accelerator leaves an output that is an input unwritten")
+            out.append(
+                f"signature {name}: outputs that are one tensor ({alias}): CompiledModel names them after "
+                "one tensor, and the GPU accelerator leaves an output that is an input unwritten"
+            )
     if c["dtypes"].get("INT64"):
         out.append(f"{c['dtypes']['INT64']} int64 tensors")
     return out
@@ -264,7 +281,7 @@ def matmul_flops(source) -> dict:
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(_head_of(source)))
     out = collections.Counter()
     for sg in model.subgraphs:
-        shape = lambda i: [int(d) for d in sg.tensors[i].shape]  # noqa: E731
+        shape = lambda i, sg=sg: [int(d) for d in sg.tensors[i].shape]  # noqa: E731
         for op in sg.operators:
             name = op_name(model, op)
             result = 1

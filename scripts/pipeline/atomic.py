@@ -3,6 +3,7 @@
 Files are written beside their target and renamed over it (rename is atomic on one filesystem);
 directories are built under a `.partial` name and swapped in whole.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -2,10 +2,11 @@
 
 Anything else that escapes a stage is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 EXIT_BAD_INPUT = 2
 

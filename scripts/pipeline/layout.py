@@ -4,6 +4,7 @@ Rows and pairs sit in their own directories so that a stage can depend on all of
 does) without depending on the release itself; the compact per-check figures that `dvc metrics show`
 tabulates sit in results/metrics/, the detailed records beside them in results/.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,6 +5,7 @@ from process start (imports included: they are part of what a stage costs) and i
 are benchmark records for results/bench.json, not DVC outputs: a stage DVC skips keeps its last
 run's record.
 """
+
 from __future__ import annotations
 
 import resource
@@ -45,7 +46,12 @@ def record_runtime(root: str = ".") -> dict:
     """Write results/runtime/<stage>.json for the stage this process ran; -> the record."""
     from scripts.pipeline import atomic, layout
 
-    rec = {"stage": stage_name(), "argv": sys.argv[1:], "seconds": process_seconds(),
-           "peak_rss_bytes": peak_rss_bytes(), "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    rec = {
+        "stage": stage_name(),
+        "argv": sys.argv[1:],
+        "seconds": process_seconds(),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     atomic.write_json(layout.runtime_path(rec["stage"], root), rec)
     return rec

@@ -7,6 +7,7 @@ output, which valid params never change), `check_lengths` holds the graph length
 context, and each stage still reads its own sections through `load`, so a stage run by hand checks
 what it reads. No torch here: the check costs a fraction of a second.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -31,6 +32,7 @@ def _is_int(value) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # value checkers: (value, name) -> value, or a ClefError naming params.yaml's key
+
 
 def positive_number(value, name: str) -> float:
     """A threshold or factor: a finite number > 0 (YAML `1e-4` without a dot is a string: refused)."""
@@ -57,6 +59,7 @@ def one_of(*choices: str):
         if value not in choices:
             raise ClefError(f"params.yaml: {name} {value!r} is not one of {', '.join(choices)}")
         return value
+
     return check
 
 
@@ -65,6 +68,7 @@ def pattern(regex: re.Pattern, what: str):
         if not isinstance(value, str) or not regex.fullmatch(value):
             raise ClefError(f"params.yaml: {name} {value!r} is not {what}")
         return value
+
     return check
 
 
@@ -138,6 +142,7 @@ def mapping(required: dict, optional: dict | None = None):
             elif key in required:
                 raise ClefError(f"params.yaml: {name}.{key} is missing")
         return value
+
     return check
 
 
@@ -147,15 +152,22 @@ def did_you_mean(key, known) -> str:
 
 
 def check_model_section(value, name: str) -> dict:
-    rules = mapping({"source": one_of(*SOURCES),
-                     "repo": pattern(REPO, "an <org>/<name> repository id"),
-                     "revision": pattern(REVISION, "a full 40-hex commit id; branch and tag names move, so a "
-                                                   "release pinned to one cannot be audited")},
-                    {"synthetic_layers": count})
+    rules = mapping(
+        {
+            "source": one_of(*SOURCES),
+            "repo": pattern(REPO, "an <org>/<name> repository id"),
+            "revision": pattern(
+                REVISION,
+                "a full 40-hex commit id; branch and tag names move, so a release pinned to one cannot be audited",
+            ),
+        },
+        {"synthetic_layers": count},
+    )
     rules(value, name)
     if value["source"] == "synthetic" and "synthetic_layers" not in value:
-        raise ClefError(f"params.yaml: {name}.synthetic_layers is missing (the real-width synthetic checkpoint's "
-                        "layer count)")
+        raise ClefError(
+            f"params.yaml: {name}.synthetic_layers is missing (the real-width synthetic checkpoint's layer count)"
+        )
     return value
 
 
@@ -167,22 +179,35 @@ SCHEMA = {
     "stack": mapping({"rss_factor": positive_number, "rss_overhead_gib": non_negative_number}),
     "form": exportable_form,
     "controls": mapping({"min_over_threshold": positive_number}),
-    "verify_kernel": mapping({"forms": form_list, "max_rel_vs_f64": THRESHOLD,
-                              "max_rel_per_position_vs_f64": THRESHOLD}),
+    "verify_kernel": mapping(
+        {"forms": form_list, "max_rel_vs_f64": THRESHOLD, "max_rel_per_position_vs_f64": THRESHOLD}
+    ),
     "kernel_bench": mapping({"heads": count, "head_dim": count, "lengths": lengths_list, "repeats": count}),
     "lengths": lengths_list,
     "export_bench": mapping({"latency_repeats": count, "target_ops_per_gdn_layer_at_L64": count}),
     "verify_layers": mapping({"max_rel_vs_stock_f64": THRESHOLD, "max_rel_per_position_vs_stock_f64": THRESHOLD}),
-    "verify_model": mapping({"max_rel_vs_stock_f64": THRESHOLD, "max_rel_per_position_vs_stock_f64": THRESHOLD,
-                             "max_rel_causality": THRESHOLD}),
-    "verify_tflite": mapping({"max_rel_vs_torch": THRESHOLD, "max_rel_per_position_vs_torch": THRESHOLD,
-                              "latency_repeats": count}),
+    "verify_model": mapping(
+        {
+            "max_rel_vs_stock_f64": THRESHOLD,
+            "max_rel_per_position_vs_stock_f64": THRESHOLD,
+            "max_rel_causality": THRESHOLD,
+        }
+    ),
+    "verify_tflite": mapping(
+        {"max_rel_vs_torch": THRESHOLD, "max_rel_per_position_vs_torch": THRESHOLD, "latency_repeats": count}
+    ),
     "pairs": pairs_list,
-    "verify_pair": mapping({"max_rel_vs_row": THRESHOLD, "max_rel_per_position_vs_row": THRESHOLD,
-                            "max_rel_state_vs_stock_f64": THRESHOLD,
-                            "max_rel_per_position_state_vs_stock_f64": THRESHOLD}),
-    "verify_gpu": mapping({"max_rel_fp32": THRESHOLD, "max_rel_per_position_fp32": THRESHOLD,
-                           "fp16_max_over_floor": positive_number}),
+    "verify_pair": mapping(
+        {
+            "max_rel_vs_row": THRESHOLD,
+            "max_rel_per_position_vs_row": THRESHOLD,
+            "max_rel_state_vs_stock_f64": THRESHOLD,
+            "max_rel_per_position_state_vs_stock_f64": THRESHOLD,
+        }
+    ),
+    "verify_gpu": mapping(
+        {"max_rel_fp32": THRESHOLD, "max_rel_per_position_fp32": THRESHOLD, "fp16_max_over_floor": positive_number}
+    ),
     "release": mapping({"host_weights": one_of(*HOST_WEIGHT_MODES)}),
 }
 
@@ -207,6 +232,7 @@ def check_all(params: dict, path: str | Path = "params.yaml") -> dict:
 # ---------------------------------------------------------------------------------------------
 # rules that need the snapshot, and the readers the stages use
 
+
 def within_context(what: str, positions: int, max_positions: int) -> None:
     """A graph over `positions` tokens must fit the model's max_position_embeddings (M-RoPE's table)."""
     if positions > max_positions:
@@ -218,8 +244,11 @@ def check_context(params: dict, max_positions: int) -> None:
     for n in params["lengths"]:
         within_context(f"params.yaml: length {n}", n, max_positions)
     for q in params["pairs"]:
-        within_context(f"params.yaml: pair {q}: prefix + suffix = {q['prefix'] + q['suffix']}",
-                       q["prefix"] + q["suffix"], max_positions)
+        within_context(
+            f"params.yaml: pair {q}: prefix + suffix = {q['prefix'] + q['suffix']}",
+            q["prefix"] + q["suffix"],
+            max_positions,
+        )
 
 
 def positive_numbers(section, keys: tuple[str, ...], name: str) -> dict[str, float]:

@@ -1,4 +1,5 @@
 """Who produced an artifact: package versions and the git state, for metadata and manifests."""
+
 from __future__ import annotations
 
 import subprocess

@@ -7,6 +7,7 @@ suite fails when dvc.yaml differs from what this writes.
     python -m scripts.pipeline.stage_deps           # rewrite dvc.yaml's code deps in place
     python -m scripts.pipeline.stage_deps --check   # exit 1, naming the stages whose lists differ
 """
+
 from __future__ import annotations
 
 import argparse
@@ -107,8 +108,11 @@ def main() -> None:
     text, changed = rewrite(path.read_text())
     if a.check:
         if changed:
-            print(f"dvc.yaml: code deps differ from the imports for {', '.join(changed)} "
-                  "(python -m scripts.pipeline.stage_deps rewrites them)", file=sys.stderr)
+            print(
+                f"dvc.yaml: code deps differ from the imports for {', '.join(changed)} "
+                "(python -m scripts.pipeline.stage_deps rewrites them)",
+                file=sys.stderr,
+            )
             sys.exit(1)
         return
     from scripts.pipeline import atomic

@@ -1,5 +1,6 @@
 """Facts of the Qwen3.5 checkpoint layout that several modules read: where the text stack's tensors
 live in the safetensors names, and how wide the rotary tables are."""
+
 from __future__ import annotations
 
 # Every text-stack tensor's name starts with this (vision and MTP tensors do not).

@@ -7,15 +7,17 @@ transformers' float32 arithmetic step for step (inverse frequencies, position x 
 interleave of the T/H/W sections), because at position 1000 a float64 table already differs from the
 model's own by ~1e-5.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-from scripts.pipeline.errors import ClefError
 from scripts.checkpoint.snapshot import check_tokenizer, read_json, text_config
+from scripts.pipeline.errors import ClefError
 from scripts.qwen35.checkpoint_layout import EMBED_TOKENS, LM_HEAD, rotary_width
+
 
 def inverse_frequencies(rope: dict, head_dim: int) -> torch.Tensor:
     """[R/2] float32, as transformers computes them for rope_type default."""
@@ -51,10 +53,14 @@ def check_inputs(embeds, valid, cos, sin, length: int, hidden_size: int, rotary:
     if tuple(embeds.shape) != (1, length, hidden_size):
         if embeds.dim() == 3 and embeds.shape[-1] != hidden_size:
             raise ClefError(f"embeds have width {embeds.shape[-1]}, the graph takes {hidden_size}")
-        raise ClefError(f"embeds of shape {list(embeds.shape)} do not fit a graph of L={length}: "
-                        f"expected [1, {length}, {hidden_size}]")
+        raise ClefError(
+            f"embeds of shape {list(embeds.shape)} do not fit a graph of L={length}: "
+            f"expected [1, {length}, {hidden_size}]"
+        )
     if tuple(valid.shape) != (1, length):
-        raise ClefError(f"valid of shape {list(valid.shape)} does not fit a graph of L={length}: expected [1, {length}]")
+        raise ClefError(
+            f"valid of shape {list(valid.shape)} does not fit a graph of L={length}: expected [1, {length}]"
+        )
     for name, t in (("cos", cos), ("sin", sin)):
         if tuple(t.shape) != (1, length, rotary):
             raise ClefError(f"{name} of shape {list(t.shape)} does not fit: expected [1, {length}, {rotary}]")
@@ -65,7 +71,9 @@ def check_inputs(embeds, valid, cos, sin, length: int, hidden_size: int, rotary:
     if n == 0 or v[0] != 1:
         raise ClefError("valid must start with 1.0: a record starts at position 0 and has at least one token")
     if not bool((v[:n] == 1).all()):
-        raise ClefError(f"valid has a hole: {n} ones but not all before the first 0 (pads go only after the last token)")
+        raise ClefError(
+            f"valid has a hole: {n} ones but not all before the first 0 (pads go only after the last token)"
+        )
     return n
 
 
@@ -137,8 +145,9 @@ class Host:
 
     def check(self, inputs: dict, length: int) -> int:
         """Refuse inputs a graph of this checkpoint and length L cannot take; -> the real length."""
-        return check_inputs(inputs["embeds"], inputs["valid"], inputs["cos"], inputs["sin"], length,
-                            self.hidden_size, self.rotary)
+        return check_inputs(
+            inputs["embeds"], inputs["valid"], inputs["cos"], inputs["sin"], length, self.hidden_size, self.rotary
+        )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden states [..., H] -> logits [..., V] with the bf16 lm_head widened to fp32."""
@@ -159,8 +168,9 @@ class PairRunner:
     """Runs a pair: `prefix` and `suffix` are callables taking named float32 tensors and returning a
     dict of them (a torch module, or a LiteRT signature runner wrapped by `litert_signature`)."""
 
-    def __init__(self, host: Host, prefix_fn, suffix_fn, prefix_len: int, suffix_len: int, form: str,
-                 state_shapes: dict):
+    def __init__(
+        self, host: Host, prefix_fn, suffix_fn, prefix_len: int, suffix_len: int, form: str, state_shapes: dict
+    ):
         from scripts.layers.kernel_form import parse
 
         self.host, self.prefix_fn, self.suffix_fn = host, prefix_fn, suffix_fn
@@ -172,21 +182,25 @@ class PairRunner:
             raise ClefError(f"a prefix of {len(ids)} tokens is longer than the pair's P={self.P}")
         out = self.prefix_fn(**self.host.record(ids, self.P))
         hidden = out.pop("hidden")
-        return hidden[:, :len(ids)], PairState(out, self.form, self.vs, len(ids))
+        return hidden[:, : len(ids)], PairState(out, self.form, self.vs, len(ids))
 
     def suffix(self, state: PairState, ids) -> torch.Tensor:
         if len(ids) > self.S:
             raise ClefError(f"a suffix of {len(ids)} tokens is longer than the pair's S={self.S}")
         if state.vs != self.vs:
-            raise ClefError(f"state was produced under {state.form} (recurrent state x 2^{state.vs}); this pair "
-                            f"runs {self.form} and needs x 2^{self.vs}: refusing a mis-scaled state")
+            raise ClefError(
+                f"state was produced under {state.form} (recurrent state x 2^{state.vs}); this pair "
+                f"runs {self.form} and needs x 2^{self.vs}: refusing a mis-scaled state"
+            )
         for name, shape in self.state_shapes.items():
             got = state.tensors.get(name)
             if got is None or tuple(got.shape) != tuple(shape):
-                raise ClefError(f"state tensor {name} has shape {None if got is None else list(got.shape)}, "
-                                f"the suffix takes {list(shape)}")
+                raise ClefError(
+                    f"state tensor {name} has shape {None if got is None else list(got.shape)}, "
+                    f"the suffix takes {list(shape)}"
+                )
         inputs = {**self.host.record(ids, self.S, start=state.real_length), **state.tensors}
-        return self.suffix_fn(**inputs)["hidden"][:, :len(ids)]
+        return self.suffix_fn(**inputs)["hidden"][:, : len(ids)]
 
 
 def litert_signature(runner):

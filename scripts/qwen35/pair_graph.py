@@ -16,6 +16,7 @@ P + S slots. After a right-padded prefix the state is the state at its last real
 nothing to the recurrent state (pad guard), and the conv state is gathered from the last real
 inputs with a one-hot selection (a matmul, no GATHER op).
 """
+
 from __future__ import annotations
 
 import torch
@@ -105,7 +106,9 @@ def state_shapes(model, slots: int) -> dict:
 def select_grid(model, length: int) -> torch.Tensor:
     """[1, K-1+L, K-1]: entry [j, t] = j - t. The new conv state takes extended position n + t, where
     n counts the real tokens, so its selection is (grid == n): built once, compared at run time."""
-    k1 = next(layer.linear_attn.conv_kernel_size for layer in model.layers if layer.block_type == "linear_attention") - 1
+    k1 = (
+        next(layer.linear_attn.conv_kernel_size for layer in model.layers if layer.block_type == "linear_attention") - 1
+    )
     j = torch.arange(k1 + length, dtype=torch.float32)[:, None]
     t = torch.arange(k1, dtype=torch.float32)[None, :]
     return (j - t)[None]
@@ -142,7 +145,8 @@ def run_layers(model, embeds, valid, cos, sin, state: dict, causal: torch.Tensor
         x = layer.input_layernorm(hidden)
         if layer.block_type == "linear_attention":
             x, new[f"gdn{i}_conv"], new[f"gdn{i}_recurrent"] = gdn_step(
-                layer.linear_attn, x, valid, state[f"gdn{i}_conv"], state[f"gdn{i}_recurrent"], grid)
+                layer.linear_attn, x, valid, state[f"gdn{i}_conv"], state[f"gdn{i}_recurrent"], grid
+            )
         else:
             past_k, past_v = (state[f"attn{i}_k"], state[f"attn{i}_v"]) if past_slots.shape[-1] else (None, None)
             x, new[f"attn{i}_k"], new[f"attn{i}_v"] = attention_step(layer.self_attn, x, cos, sin, mask, past_k, past_v)
@@ -194,27 +198,46 @@ def contract(model, prefix: int, suffix: int, form: str) -> dict:
     vs = parse(form).vs
 
     def tokens(n, start):
-        return [{"name": "embeds", "shape": [1, n, h], "dtype": "float32", "meaning": "bf16 embed_tokens rows as fp32; pad rows 0"},
-                {"name": "valid", "shape": [1, n], "dtype": "float32", "meaning": "1.0 = token, 0.0 = right pad"},
-                {"name": "cos", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE cos from position {start}"},
-                {"name": "sin", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE sin from position {start}"}]
+        return [
+            {
+                "name": "embeds",
+                "shape": [1, n, h],
+                "dtype": "float32",
+                "meaning": "bf16 embed_tokens rows as fp32; pad rows 0",
+            },
+            {"name": "valid", "shape": [1, n], "dtype": "float32", "meaning": "1.0 = token, 0.0 = right pad"},
+            {"name": "cos", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE cos from position {start}"},
+            {"name": "sin", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE sin from position {start}"},
+        ]
 
     def state(slots):
         out = []
         for name, t in zero_state(model, slots).items():
             kind = name.split("_", 1)[1]
-            meaning = {"conv": "the last K-1 conv inputs before the first unprocessed token",
-                       "recurrent": f"delta-rule state after the last real token, 2^{vs} x stock (form {form})",
-                       "k": "keys of every slot (after k_norm and rotary)", "v": "values of every slot",
-                       "slots": "1.0 where a slot holds a real token (the same for every attention layer)"}[kind]
+            meaning = {
+                "conv": "the last K-1 conv inputs before the first unprocessed token",
+                "recurrent": f"delta-rule state after the last real token, 2^{vs} x stock (form {form})",
+                "k": "keys of every slot (after k_norm and rotary)",
+                "v": "values of every slot",
+                "slots": "1.0 where a slot holds a real token (the same for every attention layer)",
+            }[kind]
             out.append({"name": name, "shape": list(t.shape), "dtype": "float32", "meaning": meaning})
         return out
 
     hidden = {"name": "hidden", "dtype": "float32", "meaning": "final-norm hidden states"}
-    return {"graph": "pair", "version": CONTRACT_VERSION, "P": prefix, "S": suffix, "form": form,
-            "recurrent_state_scale": 2 ** vs,
-            "signatures": {
-                "prefix": {"inputs": tokens(prefix, "0"), "outputs": [{**hidden, "shape": [1, prefix, h]}] + state(prefix)},
-                "suffix": {"inputs": tokens(suffix, "the prefix's real length") + state(prefix),
-                           "outputs": [{**hidden, "shape": [1, suffix, h]}] + state(prefix + suffix)}},
-            "rule": "suffix(prefix(x[:p]), x[p:p+s]) equals row(x[:p+s]) at the suffix positions for p <= P, s <= S"}
+    return {
+        "graph": "pair",
+        "version": CONTRACT_VERSION,
+        "P": prefix,
+        "S": suffix,
+        "form": form,
+        "recurrent_state_scale": 2**vs,
+        "signatures": {
+            "prefix": {"inputs": tokens(prefix, "0"), "outputs": [{**hidden, "shape": [1, prefix, h]}] + state(prefix)},
+            "suffix": {
+                "inputs": tokens(suffix, "the prefix's real length") + state(prefix),
+                "outputs": [{**hidden, "shape": [1, suffix, h]}] + state(prefix + suffix),
+            },
+        },
+        "rule": "suffix(prefix(x[:p]), x[p:p+s]) equals row(x[:p+s]) at the suffix positions for p <= P, s <= S",
+    }

@@ -12,6 +12,7 @@ switching the classes of its instances (no weight is copied or moved):
 `stock_twin(model)` builds the reference: the same weights (shared storage) in transformers' stock
 classes with sdpa attention, computing its own positions, mask and rotary tables.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -97,8 +98,16 @@ class ClefGatedDeltaNet(modeling.Qwen3_5GatedDeltaNet):
         if r > 1:
             query, key = self.interleave_heads(query, r), self.interleave_heads(key, r)
 
-        core, state = self.chunk_gated_delta_rule(query, key, value, g=g, beta=beta, initial_state=initial_state,
-                                                  output_final_state=output_final_state, use_qk_l2norm_in_kernel=True)
+        core, state = self.chunk_gated_delta_rule(
+            query,
+            key,
+            value,
+            g=g,
+            beta=beta,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=True,
+        )
         core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(core.reshape(b, length, -1)), state
 
@@ -112,7 +121,7 @@ class ClefGatedDeltaNet(modeling.Qwen3_5GatedDeltaNet):
 
 # The smallest scale ClefRMSNorm divides by: fp16's smallest normal number, so that x / scale never
 # divides by zero (an all-zero pad row) and never leaves fp16's normal range.
-NORM_MIN_SCALE = 2.0 ** -14
+NORM_MIN_SCALE = 2.0**-14
 
 
 class ClefRMSNorm(modeling.Qwen3_5RMSNorm):
@@ -126,7 +135,7 @@ class ClefRMSNorm(modeling.Qwen3_5RMSNorm):
     def _norm(self, x):
         m = torch.clamp_min(x.abs().amax(dim=-1, keepdim=True), NORM_MIN_SCALE)
         y = x / m
-        root_eps = self.eps ** 0.5 / m
+        root_eps = self.eps**0.5 / m
         return y * torch.rsqrt((y * y).mean(-1, keepdim=True) + root_eps * root_eps)
 
 

@@ -8,6 +8,7 @@ Inside, the attention mask is `causal + (1 - valid) * -1e4` on the key axis. -1e
 score e^(s - 1e4) is exactly 0 in fp32 and in fp16, while -1e4 plus any real score stays finite in
 fp16 (limit 65504), so no delegate ever sees inf - inf. The causal part is a constant built once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,20 +45,47 @@ def contract(config, length: int, form: str) -> dict:
     h = config.hidden_size
     r = rotary_width(config)
     return {
-        "graph": "row", "version": CONTRACT_VERSION, "L": length, "form": form,
+        "graph": "row",
+        "version": CONTRACT_VERSION,
+        "L": length,
+        "form": form,
         "inputs": [
-            {"name": "embeds", "shape": [1, length, h], "dtype": "float32",
-             "meaning": "the checkpoint's bf16 embed_tokens rows widened to float32; pad rows 0"},
-            {"name": "valid", "shape": [1, length], "dtype": "float32",
-             "meaning": "1.0 on the record's tokens, 0.0 on right pads (pads only after the last token)"},
-            {"name": "cos", "shape": [1, length, r], "dtype": "float32", "meaning": "M-RoPE cos table, text positions (i, i, i)"},
-            {"name": "sin", "shape": [1, length, r], "dtype": "float32", "meaning": "M-RoPE sin table, text positions (i, i, i)"},
+            {
+                "name": "embeds",
+                "shape": [1, length, h],
+                "dtype": "float32",
+                "meaning": "the checkpoint's bf16 embed_tokens rows widened to float32; pad rows 0",
+            },
+            {
+                "name": "valid",
+                "shape": [1, length],
+                "dtype": "float32",
+                "meaning": "1.0 on the record's tokens, 0.0 on right pads (pads only after the last token)",
+            },
+            {
+                "name": "cos",
+                "shape": [1, length, r],
+                "dtype": "float32",
+                "meaning": "M-RoPE cos table, text positions (i, i, i)",
+            },
+            {
+                "name": "sin",
+                "shape": [1, length, r],
+                "dtype": "float32",
+                "meaning": "M-RoPE sin table, text positions (i, i, i)",
+            },
         ],
-        "outputs": [{"name": "hidden", "shape": [1, length, h], "dtype": "float32",
-                     "meaning": "last_hidden_state after the final RMSNorm, every position"}],
+        "outputs": [
+            {
+                "name": "hidden",
+                "shape": [1, length, h],
+                "dtype": "float32",
+                "meaning": "last_hidden_state after the final RMSNorm, every position",
+            }
+        ],
         "attention_mask": "causal constant (0 / -1e4) + (1 - valid) * -1e4 on the key axis",
         "pad_guard": "pad hidden states zeroed before the GatedDeltaNet projections, pad decay set to identity "
-                     "(a -> -30 before softplus), pad q/k/v zeroed after the causal conv",
+        "(a -> -30 before softplus), pad q/k/v zeroed after the causal conv",
         "state_io": "none: every record starts from zero state",
     }
 

@@ -6,6 +6,7 @@ float32 and assigned in place (`strict=True, assign=True`). Vision and MTP tenso
 The structure checks come from the config, never from clef-flash's own numbers, so the same code
 holds for the tiny checkpoint and the real one.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scripts.pipeline.errors import ClefError
 from scripts.checkpoint.snapshot import read_json, refuse_pickles
+from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import checkpoint_layout
 
 PREFIX = checkpoint_layout.TEXT_PREFIX
@@ -30,7 +31,9 @@ def text_config(snapshot: Path, attn_implementation: str = "sdpa"):
     try:
         cfg = AutoConfig.from_pretrained(str(snapshot))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ClefError(f"{snapshot}/config.json: transformers cannot read it: {' '.join(str(exc).split())[:300]}") from None
+        raise ClefError(
+            f"{snapshot}/config.json: transformers cannot read it: {' '.join(str(exc).split())[:300]}"
+        ) from None
     text = getattr(cfg, "text_config", None)
     if text is None or getattr(text, "model_type", None) != "qwen3_5_text":
         raise ClefError(f"{snapshot}/config.json is not a Qwen3.5 checkpoint with a qwen3_5_text text_config")
@@ -66,7 +69,7 @@ def build_on_meta(cfg, model_cls=None) -> nn.Module:
 
 def keys_by_shard(model: nn.Module, wmap: dict[str, str]) -> dict[str, list[str]]:
     """{shard: [module key]} for the text stack; a mismatch names the first missing and unexpected keys."""
-    ckpt = {k[len(PREFIX):]: shard for k, shard in wmap.items() if k.startswith(PREFIX)}
+    ckpt = {k[len(PREFIX) :]: shard for k, shard in wmap.items() if k.startswith(PREFIX)}
     for k in HOST_TENSORS:
         ckpt.pop(k, None)
     wanted = set(model.state_dict())
@@ -75,7 +78,8 @@ def keys_by_shard(model: nn.Module, wmap: dict[str, str]) -> dict[str, list[str]
         raise ClefError(
             f"checkpoint tensors do not match the model: {len(missing)} missing (first: "
             f"{PREFIX + missing[0] if missing else None}), {len(unexpected)} unexpected (first: "
-            f"{PREFIX + unexpected[0] if unexpected else None})")
+            f"{PREFIX + unexpected[0] if unexpected else None})"
+        )
     by_shard: dict[str, list[str]] = {}
     for k in sorted(ckpt):
         by_shard.setdefault(ckpt[k], []).append(k)
@@ -91,12 +95,16 @@ def check_structure(model: nn.Module, cfg) -> None:
         raise ClefError(f"the stack's layers {kinds} differ from the config's layer_types {cfg.layer_types}")
     for layer in model.layers:
         mixer = layer.linear_attn if layer.block_type == "linear_attention" else layer.self_attn
-        expected = modeling.Qwen3_5GatedDeltaNet if layer.block_type == "linear_attention" else modeling.Qwen3_5Attention
+        expected = (
+            modeling.Qwen3_5GatedDeltaNet if layer.block_type == "linear_attention" else modeling.Qwen3_5Attention
+        )
         if not isinstance(mixer, expected):
             raise ClefError(f"{type(mixer).__name__} where the config says {layer.block_type}")
     if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
-        raise ClefError(f"GatedDeltaNet value heads {cfg.linear_num_value_heads} are not a multiple of "
-                        f"key heads {cfg.linear_num_key_heads}")
+        raise ClefError(
+            f"GatedDeltaNet value heads {cfg.linear_num_value_heads} are not a multiple of "
+            f"key heads {cfg.linear_num_key_heads}"
+        )
 
 
 def load_text_stack(snapshot: Path, attn_implementation: str = "sdpa", model_cls=None, progress: bool = True):
@@ -133,13 +141,15 @@ def load_text_stack(snapshot: Path, attn_implementation: str = "sdpa", model_cls
     check_structure(model, cfg)
     n_params = sum(p.numel() for p in model.parameters())
     info = describe(model, cfg)
-    info.update({
-        "tensors": n_tensors,
-        "source_dtypes": sorted(source_dtypes),
-        "params": n_params,
-        "fp32_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "load_seconds": clock.seconds(),
-    })
+    info.update(
+        {
+            "tensors": n_tensors,
+            "source_dtypes": sorted(source_dtypes),
+            "params": n_params,
+            "fp32_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "load_seconds": clock.seconds(),
+        }
+    )
     return model, info
 
 
@@ -164,13 +174,23 @@ def describe(model: nn.Module, cfg) -> dict:
     }
     if gdn:
         g = gdn[0]
-        info["gdn_heads"] = {"k": g.num_k_heads, "v": g.num_v_heads, "ratio": g.num_v_heads // g.num_k_heads,
-                             "k_dim": g.head_k_dim, "v_dim": g.head_v_dim, "conv_kernel": g.conv_kernel_size}
+        info["gdn_heads"] = {
+            "k": g.num_k_heads,
+            "v": g.num_v_heads,
+            "ratio": g.num_v_heads // g.num_k_heads,
+            "k_dim": g.head_k_dim,
+            "v_dim": g.head_v_dim,
+            "conv_kernel": g.conv_kernel_size,
+        }
         kernel = g.chunk_gated_delta_rule
         info["chunk_kernel"] = getattr(kernel, "__name__", type(kernel).__name__)
     if attn:
         a = attn[0]
-        info["attention_heads"] = {"q": cfg.num_attention_heads, "kv": cfg.num_key_value_heads,
-                                   "head_dim": a.head_dim, "num_key_value_groups": a.num_key_value_groups,
-                                   "output_gate": a.q_proj.out_features == 2 * cfg.num_attention_heads * a.head_dim}
+        info["attention_heads"] = {
+            "q": cfg.num_attention_heads,
+            "kv": cfg.num_key_value_heads,
+            "head_dim": a.head_dim,
+            "num_key_value_groups": a.num_key_value_groups,
+            "output_gate": a.q_proj.out_features == 2 * cfg.num_attention_heads * a.head_dim,
+        }
     return info

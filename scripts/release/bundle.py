@@ -12,6 +12,7 @@ and hold the result to the threshold the manifest promises. Everything under `fi
 function of the checkpoint, the code and params.yaml, so a rebuild gives the same hashes; the
 run-specific figures (times, dvc.lock hashes of the benchmark results) live only in manifest.json.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -24,10 +25,10 @@ from pathlib import Path, PurePosixPath
 
 import torch
 
-from scripts.pipeline import atomic, params
-from scripts.qwen35 import checkpoint_layout
-from scripts.pipeline.errors import ClefError
 from scripts.checkpoint.snapshot import file_digest, sha256_file  # noqa: F401  (sha256_file: part of this module's API)
+from scripts.pipeline import atomic, params
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import checkpoint_layout
 
 FORMAT = "clef-litert-release/1"
 MANIFEST = "manifest.json"
@@ -71,6 +72,7 @@ def place(src: Path, dest: Path) -> None:
 
 # ---- host files --------------------------------------------------------------------------------
 
+
 def host_tables(host) -> dict:
     """{role: tensor} of the host tables a release carries (roles as in HOST_TENSORS)."""
     return {"embed_tokens": host.embed_tokens, "lm_head": host.lm_head}
@@ -88,17 +90,27 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
             shutil.copyfile(f, dest / "host" / f.name)
     index = json.loads((snap / "model.safetensors.index.json").read_text())["weight_map"]
     tables = host_tables(host)
-    tensors = {role: {"key": key, "dtype": str(tables[role].dtype).replace("torch.", ""),
-                      "shape": list(tables[role].shape), "sha256": tensor_sha256(tables[role]),
-                      "source_file": index[key]} for role, key in HOST_TENSORS.items()}
+    tensors = {
+        role: {
+            "key": key,
+            "dtype": str(tables[role].dtype).replace("torch.", ""),
+            "shape": list(tables[role].shape),
+            "sha256": tensor_sha256(tables[role]),
+            "source_file": index[key],
+        }
+        for role, key in HOST_TENSORS.items()
+    }
     if mode == "include":
-        save_file({key: tables[role].contiguous() for role, key in HOST_TENSORS.items()},
-                  str(dest / HOST_WEIGHTS), metadata={"format": "pt"})
-    return {"weights": mode, "tensors": tensors,
-            "weights_file": HOST_WEIGHTS if mode == "include" else None}
+        save_file(
+            {key: tables[role].contiguous() for role, key in HOST_TENSORS.items()},
+            str(dest / HOST_WEIGHTS),
+            metadata={"format": "pt"},
+        )
+    return {"weights": mode, "tensors": tensors, "weights_file": HOST_WEIGHTS if mode == "include" else None}
 
 
 # ---- reference records -------------------------------------------------------------------------
+
 
 def row_reference(graph, record: dict) -> dict:
     """A row graph's reference record: its inputs and torch's hidden states at the real positions."""
@@ -113,9 +125,12 @@ def pair_reference(row, prefix_record: dict, suffix_record: dict, full_record: d
     at the suffix positions (the chaining rule the pair promises)."""
     p, s = int(prefix_record["valid"].sum()), int(suffix_record["valid"].sum())
     with torch.no_grad():
-        expected = row(**full_record)["hidden"][:, p:p + s]
-    return {**{f"prefix.{k}": v for k, v in prefix_record.items()},
-            **{f"suffix.{k}": v for k, v in suffix_record.items()}, "expected": expected.contiguous()}
+        expected = row(**full_record)["hidden"][:, p : p + s]
+    return {
+        **{f"prefix.{k}": v for k, v in prefix_record.items()},
+        **{f"suffix.{k}": v for k, v in suffix_record.items()},
+        "expected": expected.contiguous(),
+    }
 
 
 def reference_error(signature, kind: str, record: dict) -> dict:
@@ -137,7 +152,7 @@ def reference_error(signature, kind: str, record: dict) -> dict:
         out = signature("suffix")(**tokens, **state)["hidden"]
     else:
         raise ClefError(f"unknown artifact kind {kind!r}")
-    return compare.figures("vs_expected", out[:, :expected.shape[1]], expected)
+    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected)
 
 
 def reference_problems(figures: dict, reference: dict) -> list[str]:
@@ -153,26 +168,33 @@ def reference_problems(figures: dict, reference: dict) -> list[str]:
 
 def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
     """reference_error in the LiteRT interpreter."""
-    from scripts.qwen35.host import litert_signature
     from scripts.checks.tflite_check import interpreter
+    from scripts.qwen35.host import litert_signature
 
     interp = interpreter(path, threads)
-    return reference_error(lambda name: litert_signature(interp.get_signature_runner(*([name] if name else []))),
-                           kind, record)
+    return reference_error(
+        lambda name: litert_signature(interp.get_signature_runner(*([name] if name else []))), kind, record
+    )
 
 
 # ---- manifest ----------------------------------------------------------------------------------
 
+
 def signatures(census: dict, contract: dict) -> dict:
     """Each signature's inputs and outputs as the file has them (name, shape, dtype), with the
     contract's meaning beside each; the file is the authority on shapes, the contract on meaning."""
-    declared = contract.get("signatures") or {"serving_default": {"inputs": contract["inputs"],
-                                                                  "outputs": contract["outputs"]}}
+    declared = contract.get("signatures") or {
+        "serving_default": {"inputs": contract["inputs"], "outputs": contract["outputs"]}
+    }
     out = {}
     for sig, io_ in census["signatures"].items():
-        meanings = {e["name"]: e["meaning"] for side in ("inputs", "outputs") for e in declared.get(sig, {}).get(side, [])}
-        out[sig] = {side: [{**e, "meaning": meanings.get(e["name"])} for e in sorted(io_[side], key=lambda e: e["name"])]
-                    for side in ("inputs", "outputs")}
+        meanings = {
+            e["name"]: e["meaning"] for side in ("inputs", "outputs") for e in declared.get(sig, {}).get(side, [])
+        }
+        out[sig] = {
+            side: [{**e, "meaning": meanings.get(e["name"])} for e in sorted(io_[side], key=lambda e: e["name"])]
+            for side in ("inputs", "outputs")
+        }
     return out
 
 
@@ -189,14 +211,25 @@ def lock_stages(path: Path = Path("dvc.lock")) -> dict:
     def hashes(entries):
         return {e["path"]: e.get("md5") for e in entries or []}
 
-    return {name: {"cmd": st.get("cmd"), "deps": hashes(st.get("deps")), "outs": hashes(st.get("outs")),
-                   "params": st.get("params", {})} for name, st in sorted(stages.items()) if name != "release"}
+    return {
+        name: {
+            "cmd": st.get("cmd"),
+            "deps": hashes(st.get("deps")),
+            "outs": hashes(st.get("outs")),
+            "params": st.get("params", {}),
+        }
+        for name, st in sorted(stages.items())
+        if name != "release"
+    }
 
 
 def file_table(root: Path) -> dict:
     """{relative path: {sha256, size}} of every file under root except the manifest."""
-    return {str(f.relative_to(root)): {"sha256": sha256_file(f), "size": f.stat().st_size}
-            for f in sorted(root.rglob("*")) if f.is_file() and f.relative_to(root) != Path(MANIFEST)}
+    return {
+        str(f.relative_to(root)): {"sha256": sha256_file(f), "size": f.stat().st_size}
+        for f in sorted(root.rglob("*"))
+        if f.is_file() and f.relative_to(root) != Path(MANIFEST)
+    }
 
 
 # gzip level 1: a release is mostly fp32 weights widened from bf16, whose zero low halves every level
@@ -209,9 +242,11 @@ def write_tarball(src: Path, dest: Path, top: str) -> None:
     owners, fixed modes, a gzip header without name or time. Streamed: members are read in chunks and
     never held whole (a release holds graphs of many GB)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with atomic.writing(dest) as raw, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as gz, \
-            tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        atomic.writing(dest) as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as gz,
+        tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for f in sorted(src.rglob("*")):
             info = tarfile.TarInfo(f"{top}/{f.relative_to(src)}")
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
@@ -226,10 +261,15 @@ def write_tarball(src: Path, dest: Path, top: str) -> None:
 
 # ---- reading a release (clef verify / run / audit) ---------------------------------------------
 
+
 def expected_metadata(manifest: dict, artifact: dict) -> dict:
     """What a release's graph must say of itself (tflite_file.read_metadata) given its manifest entry."""
-    return {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": artifact["kind"],
-            **{k: artifact[k] for k in ("L", "P", "S") if k in artifact}}
+    return {
+        "revision": manifest["model"]["revision"],
+        "form": manifest["form"],
+        "kind": artifact["kind"],
+        **{k: artifact[k] for k in ("L", "P", "S") if k in artifact},
+    }
 
 
 def load_manifest(root: Path) -> dict:
@@ -287,7 +327,9 @@ def check_files(root: Path, manifest: dict) -> list[str]:
     """Problems with the files themselves, one line each: missing, changed (size or sha256), extra."""
     root = Path(root)
     listed = manifest["files"]
-    present = {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) != Path(MANIFEST)}
+    present = {
+        str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) != Path(MANIFEST)
+    }
     problems = [f"missing file: {name}" for name in sorted(set(listed) - present)]
     for name in sorted(set(listed) & present):
         f = root / name
