@@ -17,7 +17,7 @@ from scripts.pipeline import atomic, layout, params, provenance
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
-from scripts.release import bundle, card
+from scripts.release import builder, card, reader
 
 REFERENCE_SEED = 20261129
 
@@ -120,11 +120,11 @@ def reference_record(it: dict, model, host: Host) -> dict:
     if it["kind"] == "row":
         n = it["shape"]["L"]
         ids = model_check.random_ids(n - n // 3, vocab, REFERENCE_SEED + n)
-        return bundle.row_reference(row_graph.ClefRowPrefill(model, n).eval(), host.record(ids, n))
+        return builder.row_reference(row_graph.ClefRowPrefill(model, n).eval(), host.record(ids, n))
     P, S = it["shape"]["P"], it["shape"]["S"]
     p = max(1, P // 2)
     ids = model_check.random_ids(p + S, vocab, REFERENCE_SEED + P + S)
-    return bundle.pair_reference(
+    return builder.pair_reference(
         row_graph.ClefRowPrefill(model, P + S).eval(),
         host.record(ids[:p], P),
         host.record(ids[p:], S, start=p),
@@ -135,7 +135,7 @@ def reference_record(it: dict, model, host: Host) -> dict:
 def main() -> None:
     p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
     form = str(kernel_form.parse(p["form"]))
-    mode = bundle.check_host_weights(p["release"]["host_weights"])
+    mode = builder.check_host_weights(p["release"]["host_weights"])
     items = planned(p)
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
@@ -153,18 +153,18 @@ def main() -> None:
     build = atomic.partial_dir(layout.RELEASE)
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
-    host_section = bundle.host_files(snap, host, build, mode)
+    host_section = builder.host_files(snap, host, build, mode)
     artifacts = {}
-    lock = bundle.lock_stages()
+    lock = builder.lock_stages()
     for i, it in enumerate(items, 1):
         rel_path = f"{it['kind']}s/{it['path'].name}"
         print(f"release [{i}/{len(items)}] {rel_path}: reference record", flush=True)
-        bundle.place(it["path"], build / rel_path)
+        builder.place(it["path"], build / rel_path)
         record = reference_record(it, model, host)
         check_file = f"checks/{it['path'].stem}.safetensors"
         (build / "checks").mkdir(exist_ok=True)
         save_file(record, str(build / check_file))
-        measured = bundle.run_reference(build / rel_path, it["kind"], record)
+        measured = reader.run_reference(build / rel_path, it["kind"], record)
         global_bound, position_bound = it["bounds"].values()
         reference = {
             "file": check_file,
@@ -173,7 +173,7 @@ def main() -> None:
             "max_rel_per_position": measured["rel_per_position_vs_expected"],
             "threshold_per_position": position_bound,
         }
-        found = bundle.reference_problems(measured, reference)
+        found = reader.reference_problems(measured, reference)
         if found:
             raise ClefError(f"{rel_path}: reference record: {found[0]}")
         contract = it["metadata"]["contract"]
@@ -182,14 +182,14 @@ def main() -> None:
             "kind": it["kind"],
             **it["shape"],
             "form": form,
-            "sha256": bundle.sha256_file(build / rel_path),
+            "sha256": snapshot.sha256_file(build / rel_path),
             "bytes": (build / rel_path).stat().st_size,
-            "md5": bundle.md5_file(build / rel_path),
+            "md5": builder.md5_file(build / rel_path),
             "dvc_lock": {
                 "stage": export_stage,
                 "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
             },
-            "signatures": bundle.signatures(it["census"], contract),
+            "signatures": builder.signatures(it["census"], contract),
             "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
             "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
             "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
@@ -198,13 +198,13 @@ def main() -> None:
             "reference": reference,
         }
 
-    name = bundle.release_name(rec, form)
+    name = builder.release_name(rec, form)
     card_text = card.render(name, rec, form, host_section, artifacts, overall)
-    atomic.write_text(build / bundle.CARD, card_text)
-    files = bundle.file_table(build)
+    atomic.write_text(build / reader.CARD, card_text)
+    files = builder.file_table(build)
     git = provenance.git_state()
     manifest = {
-        "format": bundle.FORMAT,
+        "format": reader.FORMAT,
         "name": name,
         "model": {
             "repo": rec["repo"],
@@ -225,12 +225,12 @@ def main() -> None:
         "stages": lock,
         "files": files,
     }
-    atomic.write_json(build / bundle.MANIFEST, manifest)
+    atomic.write_json(build / reader.MANIFEST, manifest)
     atomic.swap_in_dir(build, layout.RELEASE)
 
     dist = atomic.partial_dir(layout.DIST)
     shutil.rmtree(dist, ignore_errors=True)
-    bundle.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
+    builder.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
     atomic.swap_in_dir(dist, layout.DIST)
 
     rows = [

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, params
 from scripts.pipeline.errors import ClefError
-from scripts.release import bundle
+from scripts.release import builder, reader
 from tests.conftest import assert_one_line_error, clef, run_stage, tool_env
 
 
@@ -26,15 +27,15 @@ def small_release(root: Path) -> dict:
     (root / "rows" / "a.tflite").write_bytes(bytes(range(256)) * 4)
     (root / "host").mkdir()
     (root / "host" / "config.json").write_text("{}")
-    manifest = {"format": bundle.FORMAT, "files": bundle.file_table(root)}
-    atomic.write_json(root / bundle.MANIFEST, manifest)
+    manifest = {"format": reader.FORMAT, "files": builder.file_table(root)}
+    atomic.write_json(root / reader.MANIFEST, manifest)
     return manifest
 
 
 def test_check_files_passes_an_untouched_release(tmp_path):
     manifest = small_release(tmp_path)
     assert set(manifest["files"]) == {"rows/a.tflite", "host/config.json"}
-    assert bundle.check_files(tmp_path, bundle.load_manifest(tmp_path)) == []
+    assert reader.check_files(tmp_path, reader.load_manifest(tmp_path)) == []
 
 
 @pytest.mark.parametrize(
@@ -53,25 +54,25 @@ def test_check_files_passes_an_untouched_release(tmp_path):
 def test_check_files_names_the_tampered_file(tmp_path, tamper, expected):
     manifest = small_release(tmp_path)
     tamper(tmp_path)
-    problems = bundle.check_files(tmp_path, manifest)
+    problems = reader.check_files(tmp_path, manifest)
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
 def test_load_manifest_refuses_what_is_not_a_release(tmp_path):
     with pytest.raises(ClefError, match="no manifest.json"):
-        bundle.load_manifest(tmp_path)
-    (tmp_path / bundle.MANIFEST).write_text('{"format": "something-else"}')
+        reader.load_manifest(tmp_path)
+    (tmp_path / reader.MANIFEST).write_text('{"format": "something-else"}')
     with pytest.raises(ClefError, match="format 'something-else'"):
-        bundle.load_manifest(tmp_path)
+        reader.load_manifest(tmp_path)
 
 
 def test_tarball_is_byte_reproducible(tmp_path):
     import tarfile
 
     small_release(tmp_path / "r")
-    bundle.write_tarball(tmp_path / "r", tmp_path / "one.tar.gz", "top")
+    builder.write_tarball(tmp_path / "r", tmp_path / "one.tar.gz", "top")
     (tmp_path / "r" / "rows" / "a.tflite").touch()  # a new mtime changes nothing
-    bundle.write_tarball(tmp_path / "r", tmp_path / "two.tar.gz", "top")
+    builder.write_tarball(tmp_path / "r", tmp_path / "two.tar.gz", "top")
     assert (tmp_path / "one.tar.gz").read_bytes() == (tmp_path / "two.tar.gz").read_bytes()
     with tarfile.open(tmp_path / "one.tar.gz") as tar:
         names = tar.getnames()
@@ -92,7 +93,7 @@ def test_signatures_take_shapes_from_the_file_and_meaning_from_the_contract():
         "inputs": [{"name": "x", "shape": [1, 999], "meaning": "the input"}],
         "outputs": [{"name": "hidden", "meaning": "the output"}],
     }
-    sig = bundle.signatures(census, contract)["serving_default"]
+    sig = builder.signatures(census, contract)["serving_default"]
     assert sig["inputs"] == [{"name": "x", "shape": [1, 4], "dtype": "float32", "meaning": "the input"}]
     assert sig["outputs"][0]["meaning"] == "the output"
 
@@ -103,16 +104,16 @@ def test_lock_stages_reads_every_stage_but_the_release(tmp_path):
         "    deps:\n    - path: hf\n      md5: aaa.dir\n    outs:\n    - path: artifacts/rows/row_L64.tflite\n"
         "      md5: bbb\n  release:\n    cmd: python -m stages.release\n"
     )
-    stages = bundle.lock_stages(tmp_path / "dvc.lock")
+    stages = builder.lock_stages(tmp_path / "dvc.lock")
     assert list(stages) == ["export@64"]
     assert stages["export@64"]["outs"] == {"artifacts/rows/row_L64.tflite": "bbb"}
-    assert bundle.lock_stages(tmp_path / "absent.lock") == {}
+    assert builder.lock_stages(tmp_path / "absent.lock") == {}
 
 
 def test_tensor_hash_is_dtype_exact():
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    assert bundle.tensor_sha256(t.to(torch.bfloat16)) != bundle.tensor_sha256(t)
-    assert bundle.tensor_sha256(t.to(torch.bfloat16)) == bundle.tensor_sha256(t.clone().to(torch.bfloat16))
+    assert reader.tensor_sha256(t.to(torch.bfloat16)) != reader.tensor_sha256(t)
+    assert reader.tensor_sha256(t.to(torch.bfloat16)) == reader.tensor_sha256(t.clone().to(torch.bfloat16))
 
 
 @pytest.mark.parametrize(
@@ -159,7 +160,7 @@ def release_copy(built, tmp_path) -> Path:
 
 
 def test_make_release_output(pipeline, built):
-    manifest = bundle.load_manifest(built)
+    manifest = reader.load_manifest(built)
     p = params.load(path=pipeline["repo"] / "params.yaml")
     rows = {a["L"] for a in manifest["artifacts"].values() if a["kind"] == "row"}
     pairs = {(a["P"], a["S"]) for a in manifest["artifacts"].values() if a["kind"] == "pair"}
@@ -179,8 +180,8 @@ def test_make_release_output(pipeline, built):
             assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])
     assert {"fetch", "stack", "verify_kernel", "export_stock"} <= set(manifest["stages"])
     assert all(stage["deps"] or stage["outs"] for stage in manifest["stages"].values())
-    assert manifest["host"]["weights"] == "include" and (built / bundle.HOST_WEIGHTS).is_file()
-    assert (built / "host" / "tokenizer.json").is_file() and (built / bundle.CARD).is_file()
+    assert manifest["host"]["weights"] == "include" and (built / reader.HOST_WEIGHTS).is_file()
+    assert (built / "host" / "tokenizer.json").is_file() and (built / reader.CARD).is_file()
     tarballs = list((built.parent / "dist").glob("*.tar.gz"))
     assert [t.name for t in tarballs] == [f"{manifest['name']}.tar.gz"]
     assert snap["revision"][:12] in manifest["name"] and p["form"] in manifest["name"]
@@ -189,14 +190,14 @@ def test_make_release_output(pipeline, built):
 def test_clef_verify_passes_on_the_release(built):
     proc = clef(built.parent, "verify", str(built))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    manifest = bundle.load_manifest(built)
+    manifest = reader.load_manifest(built)
     for path in manifest["artifacts"]:
         assert f"ok   {path}" in proc.stdout
     assert "all checks passed" in proc.stdout and f"[{len(manifest['artifacts'])}/" in proc.stderr  # progress
 
 
 def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built):
-    manifest = bundle.load_manifest(built)
+    manifest = reader.load_manifest(built)
     for path, art in manifest["artifacts"].items():
         g = art["gpu"]
         assert g["fully_accelerated"] and g["all_finite"] and g["device"]["adapter"], path
@@ -254,7 +255,7 @@ def test_clef_verify_names_a_tampered_file(release_copy, tamper, named):
 def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, where, path, named):
     """Every manifest path must be relative, inside the release and hashed: checked before any file is
     hashed or any graph loaded (a graph outside, not hashed, would otherwise run instead of the real one)."""
-    manifest = json.loads((release_copy / bundle.MANIFEST).read_text())
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
     arts = manifest["artifacts"]
     if where == "artifact":
         arts[path] = arts.pop("rows/row_L64.tflite")
@@ -266,11 +267,11 @@ def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, w
         outside = tmp_path / "outside.tflite"
         outside.write_bytes((release_copy / "rows/row_L64.tflite").read_bytes())
         (release_copy / path).symlink_to(outside)
-        manifest["files"][path] = {"sha256": bundle.sha256_file(outside), "size": outside.stat().st_size}
+        manifest["files"][path] = {"sha256": snapshot.sha256_file(outside), "size": outside.stat().st_size}
         arts[path] = arts.pop("rows/row_L64.tflite")
     else:
         del manifest["files"][path]
-    atomic.write_json(release_copy / bundle.MANIFEST, manifest)
+    atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
     assert proc.returncode == 1 and "FAIL manifest" in proc.stdout and named in proc.stdout, proc.stdout
     assert "hashing" not in proc.stderr and "reference record in the interpreter" not in proc.stderr, proc.stderr
@@ -294,15 +295,15 @@ def test_clef_verify_runs_the_reference_records(release_copy):
     record = load_file(str(ref))
     record["expected"] = record["expected"] * 1.01
     save_file(record, str(ref))
-    manifest = json.loads((release_copy / bundle.MANIFEST).read_text())
-    manifest["files"]["checks/row_L64.safetensors"] = {"sha256": bundle.sha256_file(ref), "size": ref.stat().st_size}
-    atomic.write_json(release_copy / bundle.MANIFEST, manifest)
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
+    manifest["files"]["checks/row_L64.safetensors"] = {"sha256": snapshot.sha256_file(ref), "size": ref.stat().st_size}
+    atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
     assert proc.returncode == 1 and "FAIL rows/row_L64.tflite: max rel" in proc.stdout, proc.stdout
 
 
 def test_clef_audit_names_revision_and_form(pipeline, built):
-    manifest = bundle.load_manifest(built)
+    manifest = reader.load_manifest(built)
     for path, _art in manifest["artifacts"].items():
         proc = clef(built, "audit", path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -314,9 +315,9 @@ def test_clef_audit_names_revision_and_form(pipeline, built):
 
 
 def test_clef_audit_reports_a_manifest_that_disagrees(release_copy):
-    manifest = json.loads((release_copy / bundle.MANIFEST).read_text())
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
     manifest["form"] = "R32+sp+ec+dd+vs6"
-    atomic.write_json(release_copy / bundle.MANIFEST, manifest)
+    atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy, "audit", "rows/row_L64.tflite")
     assert proc.returncode == 1 and "DISAGREES" in proc.stdout and "form is" in proc.stdout, proc.stdout
 
@@ -349,7 +350,7 @@ def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
     from scripts.qwen35 import patch, row_graph
     from scripts.qwen35.host import Host, litert_signature
 
-    manifest = bundle.load_manifest(built)
+    manifest = reader.load_manifest(built)
     host = Host(built / "host")
     ref_host = Host(tiny_snapshot)
     ids = host.encode("a decision to make")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
-from scripts.release import bundle
+from scripts.release import reader
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
 
@@ -32,9 +32,9 @@ def open_host(root: Path, manifest: dict, weights: str | None):
         )
     host = Host(root / "host", weights=Path(weights) if weights else None)
     if weights is not None:
-        tables = bundle.host_tables(host)
+        tables = reader.host_tables(host)
         for role, info in section["tensors"].items():
-            if bundle.tensor_sha256(tables[role]) != info["sha256"]:
+            if reader.tensor_sha256(tables[role]) != info["sha256"]:
                 raise ClefError(f"{role} in {weights} is not the one this release was built with (sha256 differs)")
     return host
 
@@ -70,7 +70,7 @@ def run(args) -> int:
     from scripts.qwen35.host import PairRunner, litert_signature
 
     root = Path(args.release)
-    manifest = bundle.load_manifest(root)
+    manifest = reader.load_manifest(root)
     if args.top < 1:
         raise ClefError("--top must be at least 1")
     if args.question and not args.pair:
@@ -141,11 +141,11 @@ def verify(args) -> int:
     root = Path(args.release)
     if not root.is_dir():
         raise ClefError(f"{root} is not a directory")
-    manifest = bundle.load_manifest(root)
-    problems = bundle.check_paths(root, manifest)
+    manifest = reader.load_manifest(root)
+    problems = reader.check_paths(root, manifest)
     if not problems:
         progress(f"verify {root}: hashing {len(manifest['files'])} files")
-        problems = bundle.check_files(root, manifest)
+        problems = reader.check_files(root, manifest)
     if problems:
         for line in problems:
             print(f"FAIL {line}")
@@ -155,15 +155,15 @@ def verify(args) -> int:
     for i, (path, art) in enumerate(sorted(arts.items()), 1):
         progress(f"[{i}/{len(arts)}] {path}: metadata, reference record in the interpreter")
         bad = tflite_file.metadata_mismatches(
-            tflite_file.read_metadata(root / path), bundle.expected_metadata(manifest, art)
+            tflite_file.read_metadata(root / path), reader.expected_metadata(manifest, art)
         )
         if bad:
             problems.append(f"{path}: metadata disagrees with the manifest: {'; '.join(bad)}")
             continue
         ref = art["reference"]
-        record = bundle.load_reference(root, ref["file"])
-        measured = bundle.run_reference(root / path, art["kind"], record)
-        found = bundle.reference_problems(measured, ref)
+        record = reader.load_reference(root, ref["file"])
+        measured = reader.run_reference(root / path, art["kind"], record)
+        found = reader.reference_problems(measured, ref)
         print(
             f"{'FAIL' if found else 'ok  '} {path}: max rel {measured['rel_vs_expected']:.2e}, per position "
             f"{measured['rel_per_position_vs_expected']:.2e} vs the manifest's {ref['max_rel']:.2e}, "
@@ -199,12 +199,12 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
             print(f"FAIL {path}: GPU {mode}: {exc}")
             continue
         try:
-            figures = bundle.reference_error(compiled.signature, art["kind"], record)
+            figures = reader.reference_error(compiled.signature, art["kind"], record)
         finally:
             compiled.close()
         measured = figures["rel_vs_expected"]
         if fp32:
-            ok = not bundle.reference_problems(figures, ref)
+            ok = not reader.reference_problems(figures, ref)
             recorded = (
                 f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
             )
@@ -236,7 +236,7 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
 def find_manifest(path: Path) -> Path | None:
     """The manifest of the release a file sits in (the file's directory or its parent)."""
     for d in (path.parent, path.parent.parent):
-        if (d / bundle.MANIFEST).is_file():
+        if (d / reader.MANIFEST).is_file():
             return d
     return None
 
@@ -275,7 +275,7 @@ def audit(args) -> int:
     if root is None:
         print("manifest:  none beside this file")
         return 0
-    manifest = bundle.load_manifest(root)
+    manifest = reader.load_manifest(root)
     rel = str(path.resolve().relative_to(root.resolve()))
     art = manifest["artifacts"].get(rel)
     disagree = []
@@ -284,9 +284,9 @@ def audit(args) -> int:
     else:
         if art["sha256"] != digest:
             disagree.append("its sha256 differs from the manifest's")
-        disagree += tflite_file.metadata_mismatches(meta, bundle.expected_metadata(manifest, art))
+        disagree += tflite_file.metadata_mismatches(meta, reader.expected_metadata(manifest, art))
     if disagree:
-        print(f"manifest:  {root / bundle.MANIFEST} DISAGREES: {'; '.join(disagree)}")
+        print(f"manifest:  {root / reader.MANIFEST} DISAGREES: {'; '.join(disagree)}")
         return 1
-    print(f"manifest:  {root / bundle.MANIFEST} agrees (sha256, revision, form, shape)")
+    print(f"manifest:  {root / reader.MANIFEST} agrees (sha256, revision, form, shape)")
     return 0
