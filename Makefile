@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release test test-fast lint env vulkan real-width bench gpu-bench gpu-parts
+.PHONY: release readme test test-fast lint env vulkan real-width bench gpu-bench gpu-parts
 
 env: $(STAMP) vulkan
 
@@ -24,6 +24,11 @@ $(STAMP): requirements.txt pyproject.toml
 
 release: env
 	dvc repro
+	python -m scripts.pipeline.readme
+
+# The README's figure tables again from the workspace's results/ (after a dvc repro of your own).
+readme: env
+	python -m scripts.pipeline.readme
 
 # Format and lint with ruff (pinned in requirements.txt, configured in pyproject.toml): first in both tiers.
 lint: env

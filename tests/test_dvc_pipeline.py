@@ -18,7 +18,7 @@ import yaml
 
 from scripts.checks import controls
 from scripts.litert import tflite_file
-from scripts.pipeline import layout, stage_deps
+from scripts.pipeline import layout, readme, stage_deps
 from tests.conftest import ROOT, clef, dvc, dvc_run, git
 
 STAGES = {name: st.get("do", st) for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
@@ -376,6 +376,21 @@ def test_metrics_and_plots(pipeline, tmp_path):
         assert title in html, title
     by_length = json.loads((repo / "results/plots/rows.json").read_text())
     assert [r["L"] for r in by_length] == sorted(params["lengths"]) and all(r["litert_ms"] > 0 for r in by_length)
+
+
+def test_readme_tables_render_from_the_run(pipeline):
+    """`make release` ends by rewriting the README's tables from the run: every check passed there."""
+    repo = pipeline["repo"]
+    text, _ = readme.render((ROOT / "README.md").read_text(), repo)
+    params = load_params(repo)
+    for n in params["lengths"]:
+        assert (
+            f"| row L={n}: LiteRT vs torch | yes |" in text
+            and f"| row L={n} on the GPU accelerator, fp32 | yes |" in text
+        )
+    for q in params["pairs"]:
+        assert f"| pair P={q['prefix']} S={q['suffix']}: chaining vs row | yes |" in text
+    assert "**no**" not in text and "commit " in text
 
 
 def test_model_artifacts_declared(pipeline):
