@@ -8,6 +8,7 @@ record, one whose error is over the threshold its verify stage held it to.
 """
 
 import shutil
+from pathlib import Path
 
 from scripts.checkpoint import snapshot
 from scripts.checks import model_check
@@ -22,6 +23,12 @@ from scripts.release import builder, card, reader
 REFERENCE_SEED = 20261129
 
 
+def graph_bounds(p: dict, section: str, what: str) -> dict[str, float]:
+    """The bounds a graph's verify stage held it to -> {"global", "per_position"}: its reference record's too."""
+    found = params.bounds(p, section, (f"rel_{what}", f"rel_per_position_{what}"))
+    return {"global": found[f"rel_{what}"], "per_position": found[f"rel_per_position_{what}"]}
+
+
 def planned(p: dict) -> list[dict]:
     """The artifacts params.yaml asks for, each with the checks that vouch for it."""
     out = [
@@ -31,7 +38,7 @@ def planned(p: dict) -> list[dict]:
             "path": layout.row_path(n),
             "gpu": layout.gpu_name(n),
             "checks": [f"tflite_L{n}", f"export_L{n}", layout.gpu_name(n)],
-            "bounds": params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch")),
+            "bounds": graph_bounds(p, "verify_tflite", "vs_torch"),
         }
         for n in p["lengths"]
     ]
@@ -45,7 +52,7 @@ def planned(p: dict) -> list[dict]:
                 "gpu": gpu,
                 "path": layout.pair_path(q["prefix"], q["suffix"]),
                 "checks": [name, f"export_{name}", gpu],
-                "bounds": params.bounds(p, "verify_pair", ("rel_vs_row", "rel_per_position_vs_row")),
+                "bounds": graph_bounds(p, "verify_pair", "vs_row"),
             }
         )
     return out
@@ -71,37 +78,18 @@ GPU_FIGURES = (
 
 def gpu_section(name: str) -> dict:
     """What verify_gpu measured for one graph on LiteRT's GPU accelerator, and the device that ran it."""
-    doc = layout.read_record(layout.gpu_result_path(name), producer(name))
+    doc = layout.read_record(layout.gpu_result_path(name))
     return {k: doc[k] for k in GPU_FIGURES}
 
 
-def producer(check: str) -> str:
-    """The stage that writes results/metrics/<check>.json."""
-    for prefix, stage in (
-        ("gpu_row", "verify_gpu_row"),
-        ("gpu_pair", "verify_gpu_pair"),
-        ("tflite_", "verify_tflite"),
-        ("export_pair_", "export_pair"),
-        ("export_L", "export"),
-        ("pair_", "verify_pair"),
-        ("kernel_bench", "kernel_bench"),
-        ("kernel", "verify_kernel"),
-        ("layers", "verify_layers"),
-        ("model", "verify_model"),
-    ):
-        if check.startswith(prefix):
-            return stage
-    return check
-
-
 def read_metrics(name: str) -> dict:
-    return layout.read_record(layout.metrics_path(name), producer(name))
+    return layout.read_record(layout.metrics_path(name))
 
 
 def preflight(items: list[dict], rec: dict, form: str) -> None:
     """Everything the release will vouch for is there, verified, and of this revision and form."""
     for it in items:
-        graph = layout.require(it["path"], f"export{'_pair' if it['kind'] == 'pair' else ''}")
+        graph = layout.require(it["path"])
         want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
         meta = tflite_file.read_metadata(graph)
         bad = tflite_file.metadata_mismatches(meta, want)
@@ -132,78 +120,64 @@ def reference_record(it: dict, model, host: Host) -> dict:
     )
 
 
-def main() -> None:
-    p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
-    form = str(kernel_form.parse(p["form"]))
-    mode = builder.check_host_weights(p["release"]["host_weights"])
-    items = planned(p)
-    rec = snapshot.load_record()
-    snap = snapshot.verify(rec)
-    preflight(items, rec, form)
-    overall = {
-        name: read_metrics(name) for name in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")
-    }
-    if not all(overall[n].get("passed", True) for n in overall):
-        raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
-
+def artifact_entry(it: dict, build: Path, model, host: Host, lock: dict, form: str) -> tuple[str, dict]:
+    """One graph into the release: placed, its reference record written and rerun in the interpreter
+    (held to the bounds its verify stage held the graph to), and its manifest entry."""
     from safetensors.torch import save_file
 
-    model, _, _ = patch.load(snap, form, progress=False)
-    host = Host(snap)
-    build = atomic.partial_dir(layout.RELEASE)
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
-    host_section = builder.host_files(snap, host, build, mode)
-    artifacts = {}
-    lock = builder.lock_stages()
-    for i, it in enumerate(items, 1):
-        rel_path = f"{it['kind']}s/{it['path'].name}"
-        print(f"release [{i}/{len(items)}] {rel_path}: reference record", flush=True)
-        builder.place(it["path"], build / rel_path)
-        record = reference_record(it, model, host)
-        check_file = f"checks/{it['path'].stem}.safetensors"
-        (build / "checks").mkdir(exist_ok=True)
-        save_file(record, str(build / check_file))
-        measured = reader.run_reference(build / rel_path, it["kind"], record)
-        global_bound, position_bound = it["bounds"].values()
-        reference = {
-            "file": check_file,
-            "max_rel": measured["rel_vs_expected"],
-            "threshold": global_bound,
-            "max_rel_per_position": measured["rel_per_position_vs_expected"],
-            "threshold_per_position": position_bound,
-        }
-        found = reader.reference_problems(measured, reference)
-        if found:
-            raise ClefError(f"{rel_path}: reference record: {found[0]}")
-        contract = it["metadata"]["contract"]
-        export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
-        artifacts[rel_path] = {
-            "kind": it["kind"],
-            **it["shape"],
-            "form": form,
-            "sha256": snapshot.sha256_file(build / rel_path),
-            "bytes": (build / rel_path).stat().st_size,
-            "md5": builder.md5_file(build / rel_path),
-            "dvc_lock": {
-                "stage": export_stage,
-                "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
-            },
-            "signatures": builder.signatures(it["census"], contract),
-            "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
-            "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
-            "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
-            "verification": {c: read_metrics(c) for c in it["checks"]},
-            "gpu": gpu_section(it["gpu"]),
-            "reference": reference,
-        }
+    rel_path = f"{it['kind']}s/{it['path'].name}"
+    builder.place(it["path"], build / rel_path)
+    record = reference_record(it, model, host)
+    check_file = f"checks/{it['path'].stem}.safetensors"
+    (build / "checks").mkdir(exist_ok=True)
+    save_file(record, str(build / check_file))
+    measured = reader.run_reference(build / rel_path, it["kind"], record)
+    bounds = it["bounds"]
+    reference = {
+        "file": check_file,
+        "max_rel": measured["rel_vs_expected"],
+        "threshold": bounds["global"],
+        "max_rel_per_position": measured["rel_per_position_vs_expected"],
+        "threshold_per_position": bounds["per_position"],
+    }
+    found = reader.reference_problems(measured, reference)
+    if found:
+        raise ClefError(f"{rel_path}: reference record: {found[0]}")
+    contract = it["metadata"]["contract"]
+    export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
+    return rel_path, {
+        "kind": it["kind"],
+        **it["shape"],
+        "form": form,
+        "sha256": snapshot.sha256_file(build / rel_path),
+        "bytes": (build / rel_path).stat().st_size,
+        "md5": builder.md5_file(build / rel_path),
+        "dvc_lock": {
+            "stage": export_stage,
+            "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
+        },
+        "signatures": builder.signatures(it["census"], contract),
+        "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
+        "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
+        "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
+        "verification": {c: read_metrics(c) for c in it["checks"]},
+        "gpu": gpu_section(it["gpu"]),
+        "reference": reference,
+    }
 
-    name = builder.release_name(rec, form)
-    card_text = card.render(name, rec, form, host_section, artifacts, overall)
-    atomic.write_text(build / reader.CARD, card_text)
-    files = builder.file_table(build)
-    git = provenance.git_state()
-    manifest = {
+
+def manifest_of(
+    name: str,
+    rec: dict,
+    form: str,
+    p: dict,
+    host_section: dict,
+    artifacts: dict,
+    overall: dict,
+    lock: dict,
+    files: dict,
+) -> dict:
+    return {
         "format": reader.FORMAT,
         "name": name,
         "model": {
@@ -218,31 +192,29 @@ def main() -> None:
         "form": form,
         "params": p,
         "versions": provenance.package_versions(),
-        "git": git,
+        "git": provenance.git_state(),
         "host": host_section,
         "artifacts": artifacts,
         "verification": overall,
         "stages": lock,
         "files": files,
     }
-    atomic.write_json(build / reader.MANIFEST, manifest)
-    atomic.swap_in_dir(build, layout.RELEASE)
 
-    dist = atomic.partial_dir(layout.DIST)
-    shutil.rmtree(dist, ignore_errors=True)
-    builder.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
-    atomic.swap_in_dir(dist, layout.DIST)
 
-    rows = [
-        {
-            "L": a["L"],
-            "max_rel_vs_torch": a["verification"][f"tflite_L{a['L']}"]["max_rel"],
-            "litert_ms": a["verification"][f"tflite_L{a['L']}"].get("litert_ms"),
-            "torch_over_litert": a["verification"][f"tflite_L{a['L']}"].get("torch_over_litert"),
-            "ops_per_gdn_layer": a["verification"][f"tflite_L{a['L']}"].get("ops_per_gdn_layer"),
-        }
-        for a in sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
-    ]
+def plot_tables(artifacts: dict) -> None:
+    """results/plots/: error and latency against L, error against P (`dvc plots show`)."""
+    rows = []
+    for a in sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"]):
+        v = a["verification"][f"tflite_L{a['L']}"]
+        rows.append(
+            {
+                "L": a["L"],
+                "max_rel_vs_torch": v["max_rel"],
+                "litert_ms": v.get("litert_ms"),
+                "torch_over_litert": v.get("torch_over_litert"),
+                "ops_per_gdn_layer": v.get("ops_per_gdn_layer"),
+            }
+        )
     pairs = [
         {
             "P": a["P"],
@@ -254,6 +226,45 @@ def main() -> None:
     ]
     atomic.write_json(layout.PLOTS / "rows.json", rows)
     atomic.write_json(layout.PLOTS / "pairs.json", pairs)
+
+
+def main() -> None:
+    p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
+    form = str(kernel_form.parse(p["form"]))
+    mode = builder.check_host_weights(p["release"]["host_weights"])
+    items = planned(p)
+    rec = snapshot.load_record()
+    snap = snapshot.verify(rec)
+    preflight(items, rec, form)
+    overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
+    if not all(overall[n].get("passed", True) for n in overall):
+        raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
+
+    model, _, _ = patch.load(snap, form, progress=False)
+    host = Host(snap)
+    build = atomic.partial_dir(layout.RELEASE)
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    host_section = builder.host_files(snap, host, build, mode)
+    lock = builder.lock_stages()
+    artifacts = {}
+    for i, it in enumerate(items, 1):
+        print(f"release [{i}/{len(items)}] {it['path'].name}: reference record", flush=True)
+        rel_path, entry = artifact_entry(it, build, model, host, lock, form)
+        artifacts[rel_path] = entry
+    name = builder.release_name(rec, form)
+    atomic.write_text(build / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall))
+    files = builder.file_table(build)
+    manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files)
+    atomic.write_json(build / reader.MANIFEST, manifest)
+    atomic.swap_in_dir(build, layout.RELEASE)
+
+    dist = atomic.partial_dir(layout.DIST)
+    shutil.rmtree(dist, ignore_errors=True)
+    builder.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
+    atomic.swap_in_dir(dist, layout.DIST)
+    plot_tables(artifacts)
+    git = manifest["git"]
     print(
         f"release: {layout.RELEASE} ({len(files)} files, {len(artifacts)} graphs), "
         f"{layout.DIST / (name + '.tar.gz')}; git {git['commit'] and git['commit'][:12]}"

@@ -66,17 +66,36 @@ def gpu_result_path(name: str) -> Path:
     return GPU / f"{name}.json"
 
 
-def require(path, producer: str) -> Path:
-    """The path of an artifact a stage reads, or one line naming the stage that makes it."""
+DVC_YAML = Path(__file__).resolve().parents[2] / "dvc.yaml"  # the pipeline this code belongs to
+
+
+def producer_of(path, dvc_yaml: str | Path = DVC_YAML) -> str:
+    """The dvc.yaml stage whose outputs include `path` (a foreach stage's templates match any item)."""
+    import re
+
+    import yaml
+
+    stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
+    for name, raw in stages.items():
+        for out in raw.get("do", raw).get("outs", []):
+            template = next(iter(out)) if isinstance(out, dict) else out
+            if re.fullmatch(re.sub(r"\\\$\\\{[^}]*\\\}", ".+", re.escape(template)), str(path)):
+                return name
+    return "the stage that writes it"
+
+
+def require(path, producer: str | None = None) -> Path:
+    """The path of an artifact a stage reads, or one line naming the stage that makes it (by default
+    the stage dvc.yaml lists it under)."""
     from scripts.pipeline.errors import ClefError
 
     path = Path(path)
     if not path.is_file():
-        raise ClefError(f"no {path}: run the {producer} stage first")
+        raise ClefError(f"no {path}: run the {producer or producer_of(path)} stage first")
     return path
 
 
-def read_record(path, producer: str) -> dict:
+def read_record(path, producer: str | None = None) -> dict:
     """A JSON record another stage wrote (results/...), or one line naming that stage."""
     import json
 
