@@ -84,6 +84,22 @@ def test_every_stage_waits_for_the_params_checks():
             assert str(layout.LENGTHS_CHECKED) in stage["deps"], name
 
 
+@pytest.mark.parametrize(
+    "path, stage",
+    [
+        ("results/metrics/tflite_L64.json", "verify_tflite"),
+        ("results/metrics/gpu_pair_P64_S64.json", "verify_gpu_pair"),
+        ("results/metrics/kernel_bench.json", "kernel_bench"),
+        ("results/metrics/kernel.json", "verify_kernel"),
+        ("artifacts/pairs/pair_P8_S4.tflite", "export_pair"),
+        ("results/checked/lengths.txt", "check_lengths"),
+        ("results/metrics/nothing.json", "the stage that writes it"),
+    ],
+)
+def test_a_missing_record_names_the_stage_dvc_yaml_says_writes_it(path, stage):
+    assert layout.producer_of(path) == stage
+
+
 def test_link_cache_configured():
     """A 19 GB snapshot must not be copied into DVC's cache: links first, copy last. Hardlink leads
     because DVC commits a stage's new output by hardlink only when hardlink is the first type."""
