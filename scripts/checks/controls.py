@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from scripts.layers import gated_delta, kernel_form
 from scripts.qwen35.patch import ClefGatedDeltaNet
 
@@ -64,4 +66,4 @@ def without_pad_guard():
 
 def zero_recurrent(tensors: dict) -> dict:
     """A pair state with every GatedDeltaNet recurrent state zeroed (conv state, K/V and slots kept)."""
-    return {k: (v * 0.0 if k.endswith("_recurrent") else v) for k, v in tensors.items()}
+    return {k: (torch.zeros_like(v) if k.endswith("_recurrent") else v) for k, v in tensors.items()}
