@@ -51,7 +51,7 @@ def test_each_bad_edit_refused_in_one_line(case):
         (lambda p: p.update(stack=[1.15]), "`stack` must be a mapping with rss_factor, rss_overhead_gib"),
         (lambda p: p["stack"].update(rss_overhead_gib=-1), "stack.rss_overhead_gib -1 is not a number >= 0"),
         (lambda p: p["verify_kernel"].update(forms=["R64", "R7"]), "verify_kernel.forms: form 'R7': chunk 7"),
-        (lambda p: p["verify_kernel"].update(forms=[]), "verify_kernel.forms must be a non-empty list"),
+        (lambda p: p["verify_kernel"].update(forms="R64"), "verify_kernel.forms must be a list of kernel forms"),
         (lambda p: p["kernel_bench"].update(heads=True), "kernel_bench.heads True is not an integer >= 1"),
         (lambda p: p["kernel_bench"].update(lengths=[64, 64]), "kernel_bench.lengths [64, 64] repeat a value"),
         (lambda p: p.update(lengths=[]), "lengths must be a non-empty list"),

@@ -91,8 +91,9 @@ def exportable_form(value, name: str) -> str:
 
 
 def form_list(value, name: str) -> list[str]:
-    if not isinstance(value, list) or not value:
-        raise ClefError(f"params.yaml: {name} must be a non-empty list of kernel forms")
+    """Forms recorded beside the configured one (an empty list records that one alone)."""
+    if not isinstance(value, list):
+        raise ClefError(f"params.yaml: {name} must be a list of kernel forms")
     return [kernel_form_text(v, name) for v in value]
 
 
