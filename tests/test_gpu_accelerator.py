@@ -161,6 +161,7 @@ def convert_pair(model, host, path, P_=16, S=8):
     )
 
 
+@pytest.mark.slow  # converts a shared-state pair
 def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_layer_model, tmp_path, monkeypatch):
     model, host = two_layer_model
 
@@ -187,6 +188,7 @@ def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_l
     )
 
 
+@pytest.mark.slow  # converts a shared-state pair
 def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_model, tmp_path):
     """P=16, S=8: both signatures pad their chunks, which a PAD op got wrong on the GPU."""
     model, host = two_layer_model
