@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release test env vulkan real-width bench gpu-bench gpu-parts
+.PHONY: release readme test test-fast lint env vulkan real-width bench gpu-bench gpu-parts
 
 env: $(STAMP) vulkan
 
@@ -24,25 +24,40 @@ $(STAMP): requirements.txt pyproject.toml
 
 release: env
 	dvc repro
+	python -m scripts.pipeline.readme
 
-test: env
+# The README's figure tables again from the workspace's results/ (after a dvc repro of your own).
+readme: env
+	python -m scripts.pipeline.readme
+
+# Format and lint with ruff (pinned in requirements.txt, configured in pyproject.toml): first in both tiers.
+lint: env
+	ruff check
+	ruff format --check
+
+test: env lint
 	python -m pytest -q
+
+# The fast tier, for a change to one module: every test but those that need the whole pipeline run
+# (marked `pipeline` by tests/conftest.py) or convert graphs (marked `slow`).
+test-fast: env lint
+	python -m pytest -q -m "not pipeline and not slow"
 
 # The whole pipeline on the real-width synthetic checkpoint (clef-flash's widths, 4 layers) in its own
 # workspace, artifacts/real-width/, then results/bench.json. A benchmark: not part of `make test`.
 real-width: env
-	python -m scripts.real_width
+	python -m scripts.bench.real_width
 
 # results/bench.json again from the workspaces as they are (after make release and make real-width).
 bench: env
-	python -m scripts.bench --real-width artifacts/real-width
+	python -m scripts.bench.report --real-width artifacts/real-width
 
 # results/gpu_bench.json: the stock loop kernel and litert-torch's own GatedDeltaNet on the GPU
 # accelerator beside our form (after make release). A benchmark: not part of `make test`.
 gpu-bench: env
-	python -m scripts.gpu_bench
+	python -m scripts.bench.gpu_bench
 
 # results/gpu_parts.json: the first GatedDeltaNet taken apart on the GPU accelerator in fp16, one-op
 # graphs, and the split-K / series-log1p candidates measured (after make release). A benchmark.
 gpu-parts: env
-	python -m scripts.gpu_parts
+	python -m scripts.bench.gpu_parts

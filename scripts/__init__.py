@@ -1,4 +1,5 @@
 """clef-litert's library: the stages in `stages/` are thin entry points over these modules."""
+
 import logging
 
 # transformers imports torchao (a litert-torch dependency) at start-up, and torchao logs warnings

@@ -5,8 +5,10 @@ runs after fetch and before every stage that reads `lengths` or `pairs`: a graph
 model's context is refused in a second, not after minutes of work or an out-of-memory kill. Its
 output, like check_params's, is constant and persistent.
 """
-from scripts import atomic, layout, params, snapshot
-from scripts.errors import run_stage
+
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic, layout, params
+from scripts.pipeline.errors import run_stage
 
 
 def main() -> None:
@@ -14,7 +16,9 @@ def main() -> None:
     path = snapshot.verify(snapshot.load_record(), names=["config.json"])
     max_positions = snapshot.max_positions(path)
     params.check_context(p, max_positions)
-    atomic.write_text(layout.LENGTHS_CHECKED, "params.yaml lengths and pairs fit the snapshot's max_position_embeddings\n")
+    atomic.write_text(
+        layout.LENGTHS_CHECKED, "params.yaml lengths and pairs fit the snapshot's max_position_embeddings\n"
+    )
     print(f"check_lengths: lengths {p['lengths']} and {len(p['pairs'])} pairs within {max_positions} positions")
 
 

@@ -1,17 +1,18 @@
-"""DVC stage `check_params`: all of params.yaml against scripts/params.py's schema, before any other stage.
+"""DVC stage `check_params`: all of params.yaml against scripts/pipeline/params.py's schema, before any other stage.
 
 Every other stage depends on this stage's output, so DVC runs it first, and a refusal (one line, exit 2)
 stops `dvc repro` before any stage has removed an output. The output only says that the check passed:
 valid edits leave it byte-identical, so they rerun nothing that does not read what changed. It is a
 persistent output (DVC does not delete it before the run), so a refused run leaves it in place too.
 """
-from scripts import atomic, layout, params
-from scripts.errors import run_stage
+
+from scripts.pipeline import atomic, layout, params
+from scripts.pipeline.errors import run_stage
 
 
 def main() -> None:
     params.load()
-    atomic.write_text(layout.PARAMS_CHECKED, "params.yaml passed the schema of scripts/params.py\n")
+    atomic.write_text(layout.PARAMS_CHECKED, "params.yaml passed the schema of scripts/pipeline/params.py\n")
     print("check_params: params.yaml is valid")
 
 

@@ -1,11 +1,16 @@
 """DVC stage `export` (one per L): the row graph of the patched fp32 stack under the form, converted
 with litert_torch -> artifacts/rows/row_L{L}.tflite, with provenance metadata inside."""
+
 import argparse
 
-from scripts import atomic, clef_qwen35_patch, export, kernel_form, layout, metrics, params, row_graph, snapshot
-from scripts.clef_host import Host
-from scripts.errors import run_stage
-from scripts.measure import Stopwatch, peak_rss_bytes
+from scripts.checkpoint import snapshot
+from scripts.layers import kernel_form
+from scripts.litert import export
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import run_stage
+from scripts.pipeline.measure import Stopwatch, peak_rss_bytes
+from scripts.qwen35 import patch, row_graph
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
@@ -19,19 +24,28 @@ def main() -> None:
     export.check_exportable(form, length, snapshot.max_positions(path))
 
     clock = Stopwatch()
-    model, _, _ = clef_qwen35_patch.load(path, str(form))
+    model, _, _ = patch.load(path, str(form))
     graph = row_graph.ClefRowPrefill(model, length)
     sample = Host(path).record([0], length)
     contract = row_graph.contract(model.config, length, str(form))
     out = layout.row_path(length)
-    meta = export.metadata(rec, str(form), contract, {"kind": "row", "L": length}, {"form": p["form"], "length": length})
+    meta = export.metadata(
+        rec, str(form), contract, {"kind": "row", "L": length}, {"form": p["form"], "length": length}
+    )
     with atomic.scratch_file(out, ".raw") as raw:
         export.convert(graph, sample, raw)
         size = export.write(out, raw, meta)
-    doc = {"L": length, "form": str(form), "bytes": size, "seconds": clock.seconds(), "peak_rss_bytes": peak_rss_bytes()}
+    doc = {
+        "L": length,
+        "form": str(form),
+        "bytes": size,
+        "seconds": clock.seconds(),
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
     atomic.write_json(layout.result_path(f"export_L{length}"), doc)
-    metrics.write(f"export_L{length}", L=length, bytes=size, seconds=doc["seconds"],
-                  peak_rss_mb=doc["peak_rss_bytes"] / 2**20)
+    metrics.write(
+        f"export_L{length}", L=length, bytes=size, seconds=doc["seconds"], peak_rss_mb=doc["peak_rss_bytes"] / 2**20
+    )
     print(f"export: {out} ({size / 2**20:.1f} MiB) in {clock.seconds():.0f} s")
 
 

@@ -3,47 +3,68 @@ results/export_bench.json. Converts the L=64 row graph under the form and sets i
 `loop` kernel's conversion (results/export_stock.json): conversion time, per-layer op counts and
 interpreter latency; then the LiteRT vs torch latency of every exported L (artifacts/rows/, medians
 of interleaved rounds). A benchmark, never a test: these machines are noisy."""
-import json
 
-from scripts import atomic, clef_qwen35_patch, conversion_bench, kernel_form, layout, metrics, model_check, params
-from scripts import row_graph, snapshot, tflite_check, tflite_file
-from scripts.clef_host import Host
-from scripts.errors import run_stage
+from scripts.bench import conversion_bench
+from scripts.checkpoint import snapshot
+from scripts.checks import model_check, tflite_check
+from scripts.layers import kernel_form
+from scripts.litert import tflite_file
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import run_stage
+from scripts.qwen35 import patch, row_graph
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
-    p = params.load(["form", "lengths"])
+    p = params.load(["form", "lengths", "export_bench"])
     form = str(kernel_form.parse(p["form"]))
     lengths = p["lengths"]
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    stock = json.loads(tflite_file.read_artifact(layout.result_path("export_stock"), "export_stock"))
+    stock = layout.read_record(layout.result_path("export_stock"), "export_stock")
     host = Host(snap)
     ours = conversion_bench.convert_timed(snap, form, host)
-    model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
+    model, _, _ = patch.load(snap, form, progress=False)
     per_l = {}
     for n in lengths:
         path = layout.row_path(n)
-        census = tflite_file.census(tflite_file.require(path, f"export@{n}"))
+        census = tflite_file.census(layout.require(path, f"export@{n}"))
         runner = tflite_check.interpreter(path).get_signature_runner()
-        timing = tflite_check.latency(runner, row_graph.ClefRowPrefill(model, n).eval(),
-                                      host.record(model_check.random_ids(n, model.config.vocab_size, n), n),
-                                      repeats=7)
-        per_l[str(n)] = {**timing, "ops_per_gdn_layer_max": max(census["ops_per_gdn_layer"].values()),
-                         "op_total": census["op_total"]}
-    result = {"L": conversion_bench.BENCH_L, "form": ours, "stock_loop": stock,
-              "convert_time_stock_over_form": stock["convert_seconds"] / ours["convert_seconds"],
-              "litert_time_stock_over_form": stock["litert_median_s"] / ours["litert_median_s"],
-              "gdn_ops_stock_over_form": stock["ops_per_gdn_layer_max"] / ours["ops_per_gdn_layer_max"],
-              "target_ops_per_gdn_layer_at_L64": 150, "per_L": per_l}
+        timing = tflite_check.latency(
+            runner,
+            row_graph.ClefRowPrefill(model, n).eval(),
+            host.record(model_check.random_ids(n, model.config.vocab_size, n), n),
+            repeats=p["export_bench"]["latency_repeats"],
+        )
+        per_l[str(n)] = {
+            **timing,
+            "ops_per_gdn_layer_max": max(census["ops_per_gdn_layer"].values()),
+            "op_total": census["op_total"],
+        }
+    result = {
+        "L": conversion_bench.BENCH_L,
+        "form": ours,
+        "stock_loop": stock,
+        "convert_time_stock_over_form": stock["convert_seconds"] / ours["convert_seconds"],
+        "litert_time_stock_over_form": stock["litert_median_s"] / ours["litert_median_s"],
+        "gdn_ops_stock_over_form": stock["ops_per_gdn_layer_max"] / ours["ops_per_gdn_layer_max"],
+        "target_ops_per_gdn_layer_at_L64": p["export_bench"]["target_ops_per_gdn_layer_at_L64"],
+        "per_L": per_l,
+    }
     atomic.write_json(layout.result_path("export_bench"), result)
-    metrics.write("export_bench", L=conversion_bench.BENCH_L, ops_per_gdn_layer=ours["ops_per_gdn_layer_max"],
-                  gdn_ops_stock_over_form=result["gdn_ops_stock_over_form"],
-                  convert_time_stock_over_form=result["convert_time_stock_over_form"],
-                  litert_time_stock_over_form=result["litert_time_stock_over_form"])
-    print(f"export_bench L={conversion_bench.BENCH_L}: ops per GatedDeltaNet {ours['ops_per_gdn_layer_max']} (form) vs "
-          f"{stock['ops_per_gdn_layer_max']} (loop); conversion {ours['convert_seconds']:.0f} s vs "
-          f"{stock['convert_seconds']:.0f} s; interpreter {result['litert_time_stock_over_form']:.2f}x faster")
+    metrics.write(
+        "export_bench",
+        L=conversion_bench.BENCH_L,
+        ops_per_gdn_layer=ours["ops_per_gdn_layer_max"],
+        gdn_ops_stock_over_form=result["gdn_ops_stock_over_form"],
+        convert_time_stock_over_form=result["convert_time_stock_over_form"],
+        litert_time_stock_over_form=result["litert_time_stock_over_form"],
+    )
+    print(
+        f"export_bench L={conversion_bench.BENCH_L}: ops per GatedDeltaNet {ours['ops_per_gdn_layer_max']} (form) vs "
+        f"{stock['ops_per_gdn_layer_max']} (loop); conversion {ours['convert_seconds']:.0f} s vs "
+        f"{stock['convert_seconds']:.0f} s; interpreter {result['litert_time_stock_over_form']:.2f}x faster"
+    )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
 """DVC stage `export_pair` (one per pair): artifacts/pairs/pair_P{P}_S{S}.tflite with two signatures,
 `prefix` and `suffix`, over one copy of the weights, with provenance metadata inside."""
+
 import argparse
 
 import torch
 
-from scripts import atomic, clef_qwen35_patch, export, kernel_form, layout, metrics, pair_graph, params, snapshot
-from scripts.clef_host import Host
-from scripts.errors import run_stage
-from scripts.measure import Stopwatch, peak_rss_bytes
+from scripts.checkpoint import snapshot
+from scripts.layers import kernel_form
+from scripts.litert import export
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import run_stage
+from scripts.pipeline.measure import Stopwatch, peak_rss_bytes
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
@@ -25,7 +30,7 @@ def main() -> None:
     params.within_context(f"P + S = {a.prefix + a.suffix}", a.prefix + a.suffix, max_positions)
 
     clock = Stopwatch()
-    model, _, _ = clef_qwen35_patch.load(path, str(form))
+    model, _, _ = patch.load(path, str(form))
     host = Host(path)
     prefix = pair_graph.PairPrefix(model, a.prefix).eval()
     suffix = pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()
@@ -34,18 +39,31 @@ def main() -> None:
         state = {k: v for k, v in prefix(**first).items() if k != "hidden"}
     contract = pair_graph.contract(model, a.prefix, a.suffix, str(form))
     out = layout.pair_path(a.prefix, a.suffix)
-    meta = export.metadata(rec, str(form), contract, {"kind": "pair", "P": a.prefix, "S": a.suffix},
-                           {"form": p["form"], "prefix": a.prefix, "suffix": a.suffix})
+    meta = export.metadata(
+        rec,
+        str(form),
+        contract,
+        {"kind": "pair", "P": a.prefix, "S": a.suffix},
+        {"form": p["form"], "prefix": a.prefix, "suffix": a.suffix},
+    )
     with atomic.scratch_file(out, ".raw") as raw:
-        export.convert_signatures({"prefix": (prefix, first),
-                                   "suffix": (suffix, {**host.record([0], a.suffix, start=1), **state})}, raw)
+        export.convert_signatures(
+            {"prefix": (prefix, first), "suffix": (suffix, {**host.record([0], a.suffix, start=1), **state})}, raw
+        )
         size = export.write(out, raw, meta)
     name = f"export_{layout.pair_name(a.prefix, a.suffix)}"
-    doc = {"P": a.prefix, "S": a.suffix, "form": str(form), "bytes": size, "seconds": clock.seconds(),
-           "peak_rss_bytes": peak_rss_bytes()}
+    doc = {
+        "P": a.prefix,
+        "S": a.suffix,
+        "form": str(form),
+        "bytes": size,
+        "seconds": clock.seconds(),
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
     atomic.write_json(layout.result_path(name), doc)
-    metrics.write(name, P=a.prefix, S=a.suffix, bytes=size, seconds=doc["seconds"],
-                  peak_rss_mb=doc["peak_rss_bytes"] / 2**20)
+    metrics.write(
+        name, P=a.prefix, S=a.suffix, bytes=size, seconds=doc["seconds"], peak_rss_mb=doc["peak_rss_bytes"] / 2**20
+    )
     print(f"export_pair: {out} ({size / 2**20:.1f} MiB) in {clock.seconds():.0f} s")
 
 

@@ -1,9 +1,12 @@
 """DVC stage `export_stock`: the L=64 row graph converted with the stock `loop` kernel (transformers'
 algorithm op for op, constant identity so it loads) -> results/export_stock.json: the baseline the
 form is measured against in export_bench. It reads no form, so trying a new form does not redo it."""
-from scripts import atomic, conversion_bench, layout, snapshot
-from scripts.clef_host import Host
-from scripts.errors import run_stage
+
+from scripts.bench import conversion_bench
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic, layout
+from scripts.pipeline.errors import run_stage
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
@@ -11,8 +14,10 @@ def main() -> None:
     snap = snapshot.verify(rec)
     doc = conversion_bench.convert_timed(snap, "loop", Host(snap))
     atomic.write_json(layout.result_path("export_stock"), {"revision": rec["revision"], **doc})
-    print(f"export_stock L={doc['L']}: {doc['ops_per_gdn_layer_max']} ops per GatedDeltaNet, "
-          f"conversion {doc['convert_seconds']:.0f} s")
+    print(
+        f"export_stock L={doc['L']}: {doc['ops_per_gdn_layer_max']} ops per GatedDeltaNet, "
+        f"conversion {doc['convert_seconds']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 model.source tiny writes the embedded checkpoint; hub downloads model.repo at model.revision.
 """
-from scripts import atomic, fetch, params
-from scripts.errors import run_stage
+
+from scripts.checkpoint import fetch
+from scripts.pipeline import atomic, params
+from scripts.pipeline.errors import run_stage
 
 
 def main() -> None:

@@ -1,14 +1,19 @@
 """DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
-LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/gpu_check.py) ->
+LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/checks/gpu_check.py) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
 output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
+
 import argparse
 
-from scripts import atomic, clef_qwen35_patch, gpu_accelerator, gpu_check, kernel_form, layout, metrics, model_check
-from scripts import pair_graph, params, snapshot, tflite_check, tflite_file
-from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.checkpoint import snapshot
+from scripts.checks import gpu_check, model_check, tflite_check
+from scripts.layers import kernel_form
+from scripts.litert import gpu_accelerator, tflite_file
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
@@ -25,8 +30,10 @@ def main() -> None:
     limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
     is_row = a.length is not None
     name = layout.gpu_name(a.length) if is_row else layout.gpu_name(prefix=a.prefix, suffix=a.suffix)
-    path = tflite_file.require(layout.row_path(a.length) if is_row else layout.pair_path(a.prefix, a.suffix),
-                               f"export@{a.length}" if is_row else "export_pair")
+    path = layout.require(
+        layout.row_path(a.length) if is_row else layout.pair_path(a.prefix, a.suffix),
+        f"export@{a.length}" if is_row else "export_pair",
+    )
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     census = tflite_file.census(path)
@@ -35,7 +42,7 @@ def main() -> None:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
     compiled = gpu_check.compile_modes(path, census)
 
-    model, _, _ = clef_qwen35_patch.load(snap, form, progress=False)
+    model, _, _ = patch.load(snap, form, progress=False)
     host = Host(snap)
     refs = gpu_check.StockReferences(model)
     vocab = model.config.vocab_size
@@ -46,31 +53,62 @@ def main() -> None:
         P, S = a.prefix, a.suffix
         prefix = pair_graph.PairPrefix(model, P).eval()
         suffix = pair_graph.PairSuffix(model, P, S).eval()
-        rows = gpu_check.signature_rows(compiled, prefix, suffix, host, P, S, model_check.random_ids(P + S, vocab, P + S))
-        rows += gpu_check.chaining_rows(compiled, model, host, refs, P, S, form, pair_graph.state_shapes(model, P),
-                                        lambda n: model_check.random_ids(n, vocab, 1000 * P + S + n))
+        rows = gpu_check.signature_rows(
+            compiled, prefix, suffix, host, P, S, model_check.random_ids(P + S, vocab, P + S)
+        )
+        rows += gpu_check.chaining_rows(
+            compiled,
+            model,
+            host,
+            refs,
+            P,
+            S,
+            form,
+            pair_graph.state_shapes(model, P),
+            lambda n: model_check.random_ids(n, vocab, 1000 * P + S + n),
+        )
     figures, problems = gpu_check.summary(rows, bounds)
     device = gpu_accelerator.device(compiled["fp32"])
     accelerated = all(c.fully_accelerated for c in compiled.values())
     if not accelerated:
         problems.insert(0, "is_fully_accelerated() is false")
-    doc = {"graph": str(path), "form": form, "kind": "row" if is_row else "pair",
-           **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
-           "passed": not problems, "problems": problems, "device": device, "fully_accelerated": accelerated,
-           "signatures": sorted(census["signatures"]), "threshold_fp32": limit,
-           "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"], **figures, "rows": rows}
+    doc = {
+        "graph": str(path),
+        "form": form,
+        "kind": "row" if is_row else "pair",
+        **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
+        "passed": not problems,
+        "problems": problems,
+        "device": device,
+        "fully_accelerated": accelerated,
+        "signatures": sorted(census["signatures"]),
+        "threshold_fp32": limit,
+        "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"],
+        **figures,
+        "rows": rows,
+    }
     atomic.write_json(layout.gpu_result_path(name), doc)
-    metrics.write(name, passed=doc["passed"], max_rel=figures["fp32_max_rel_vs_torch"], threshold=limit,
-                  max_rel_per_position=figures["fp32_max_rel_per_position_vs_torch"],
-                  threshold_per_position=bounds["max_rel_per_position_fp32"],
-                  fp16_max_rel=figures["fp16_max_rel_vs_f64"], fp16_floor=figures["floor_max_rel_vs_f64"],
-                  fp16_over_floor=figures["fp16_over_floor"], fully_accelerated=accelerated,
-                  **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}))
-    print(f"verify_gpu {path.name} on {device['adapter']}: fully accelerated {accelerated}; fp32 max rel vs torch "
-          f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
-          f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); fp16 vs float64 {figures['fp16_max_rel_vs_f64']:.3g}, "
-          f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}, {figures['fp16_over_floor']:.2f}x the floor "
-          f"(target {over_floor:g}x)")
+    metrics.write(
+        name,
+        passed=doc["passed"],
+        max_rel=figures["fp32_max_rel_vs_torch"],
+        threshold=limit,
+        max_rel_per_position=figures["fp32_max_rel_per_position_vs_torch"],
+        threshold_per_position=bounds["max_rel_per_position_fp32"],
+        fp16_max_rel=figures["fp16_max_rel_vs_f64"],
+        fp16_floor=figures["floor_max_rel_vs_f64"],
+        fp16_over_floor=figures["fp16_over_floor"],
+        fully_accelerated=accelerated,
+        **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
+    )
+    print(
+        f"verify_gpu {path.name} on {device['adapter']}: fully accelerated {accelerated}; fp32 max rel vs torch "
+        f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
+        f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); "
+        f"fp16 vs float64 {figures['fp16_max_rel_vs_f64']:.3g}, "
+        f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}, {figures['fp16_over_floor']:.2f}x the floor "
+        f"(target {over_floor:g}x)"
+    )
     if problems:
         raise ClefError(f"verify_gpu {path}: {problems[0]} ({len(problems)} problems)")
 

@@ -3,8 +3,11 @@ checkpoint's GatedDeltaNet head counts -> results/kernel.json. Fails, naming the
 configured form's fp32 error crosses a bound (global or per position), when it is not finite in fp16
 in some regime, or when its memory-cut control does not break the bound by controls.min_over_threshold."""
 
-from scripts import atomic, compare, kernel_check, kernel_form, layout, metrics, params, snapshot
-from scripts.errors import ClefError, run_stage
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, kernel_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
 
 
 def main() -> None:
@@ -17,22 +20,38 @@ def main() -> None:
         forms.append(form)
     rec = snapshot.load_record()
     text = snapshot.text_config(snapshot.verify(rec, names=["config.json"]))
-    heads = {"k": text["linear_num_key_heads"], "v": text["linear_num_value_heads"],
-             "k_dim": text["linear_key_head_dim"], "v_dim": text["linear_value_head_dim"]}
+    heads = {
+        "k": text["linear_num_key_heads"],
+        "v": text["linear_num_value_heads"],
+        "k_dim": text["linear_key_head_dim"],
+        "v_dim": text["linear_value_head_dim"],
+    }
     rows = kernel_check.check(heads, forms, control_form=form)
     summary = kernel_check.summarize(rows, form, limits, min_over)
-    atomic.write_json(layout.result_path("kernel"), {"heads": heads, "revision": rec["revision"], "summary": summary,
-                                              "rows": rows})
+    atomic.write_json(
+        layout.result_path("kernel"), {"heads": heads, "revision": rec["revision"], "summary": summary, "rows": rows}
+    )
     worst = summary["max_rel_vs_f64"][form]
     control = summary["control_memory_cut"]
-    metrics.write("kernel", passed=summary["passed"], max_rel=worst["out"], max_rel_per_position=worst["out_per_position"],
-                  max_rel_state=worst["state"], threshold=limits["rel_vs_f64"],
-                  threshold_per_position=limits["rel_per_position_vs_f64"], control_over_threshold=control["over_threshold"],
-                  fp16_max_rel=summary["fp16"][form]["max_out_rel_vs_f64"], fp16_finite=summary["fp16"][form]["all_finite"])
-    print(f"verify_kernel: {form} max rel vs float64 out {worst['out']:.2e} (per position {worst['out_per_position']:.2e}) "
-          f"state {worst['state']:.2e} (bounds {limits['rel_vs_f64']:g}, {limits['rel_per_position_vs_f64']:g}); fp16 "
-          f"finite: {summary['fp16'][form]['all_finite']}; memory-cut control {compare.shown(control['rel_vs_f64'])} "
-          f"({compare.shown(control['over_threshold'])}x the bound)")
+    metrics.write(
+        "kernel",
+        passed=summary["passed"],
+        max_rel=worst["out"],
+        max_rel_per_position=worst["out_per_position"],
+        max_rel_state=worst["state"],
+        threshold=limits["rel_vs_f64"],
+        threshold_per_position=limits["rel_per_position_vs_f64"],
+        control_over_threshold=control["over_threshold"],
+        fp16_max_rel=summary["fp16"][form]["max_out_rel_vs_f64"],
+        fp16_finite=summary["fp16"][form]["all_finite"],
+    )
+    print(
+        f"verify_kernel: {form} max rel vs float64 out {worst['out']:.2e} "
+        f"(per position {worst['out_per_position']:.2e}) "
+        f"state {worst['state']:.2e} (bounds {limits['rel_vs_f64']:g}, {limits['rel_per_position_vs_f64']:g}); fp16 "
+        f"finite: {summary['fp16'][form]['all_finite']}; memory-cut control {compare.shown(control['rel_vs_f64'])} "
+        f"({compare.shown(control['over_threshold'])}x the bound)"
+    )
     if not summary["passed"]:
         raise ClefError(f"verify_kernel failed: {summary['failures'][0]} ({len(summary['failures'])} problems)")
 

@@ -2,8 +2,13 @@
 against transformers' stock class -> results/layers.json. Fails, naming the row, past a bound (global
 or per position), or when the memory-cut control does not break the global bound by
 controls.min_over_threshold."""
-from scripts import atomic, compare, kernel_form, layout, metrics, model_check, params, snapshot, text_stack
-from scripts.errors import ClefError, run_stage
+
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, model_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.qwen35 import text_stack
 
 
 def main() -> None:
@@ -17,28 +22,51 @@ def main() -> None:
     control = compare.worst(rows, "control_memory_cut_rel_vs_stock_f64")
     fails = model_check.failures(rows, limits)
     fails += compare.control_problems("memory_cut", control, limits["rel_vs_stock_f64"], min_over)
-    worst = {k: compare.worst(rows, k) for k in ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_vs_stock_fp32",
-                                                 "rel_per_position_vs_stock_fp32", "rel_stock_fp32_vs_f64")}
-    summary = {"form": form, "thresholds": limits, "passed": not fails, "failures": fails,
-               "layers": sorted({r["layer"] for r in rows}),
-               **{f"max_{k}": v for k, v in worst.items()},
-               "control_memory_cut": {"rel_vs_stock_f64": control,
-                                      "over_threshold": compare.margin(control, limits["rel_vs_stock_f64"]),
-                                      "required_over_threshold": min_over},
-               "all_finite": all(r["finite"] for r in rows),
-               "interleave_calls_per_forward": sorted({r["interleave_calls"] for r in rows})}
+    worst = {
+        k: compare.worst(rows, k)
+        for k in (
+            "rel_vs_stock_f64",
+            "rel_per_position_vs_stock_f64",
+            "rel_vs_stock_fp32",
+            "rel_per_position_vs_stock_fp32",
+            "rel_stock_fp32_vs_f64",
+        )
+    }
+    summary = {
+        "form": form,
+        "thresholds": limits,
+        "passed": not fails,
+        "failures": fails,
+        "layers": sorted({r["layer"] for r in rows}),
+        **{f"max_{k}": v for k, v in worst.items()},
+        "control_memory_cut": {
+            "rel_vs_stock_f64": control,
+            "over_threshold": compare.margin(control, limits["rel_vs_stock_f64"]),
+            "required_over_threshold": min_over,
+        },
+        "all_finite": all(r["finite"] for r in rows),
+        "interleave_calls_per_forward": sorted({r["interleave_calls"] for r in rows}),
+    }
     atomic.write_json(layout.result_path("layers"), {"revision": rec["revision"], "summary": summary, "rows": rows})
-    metrics.write("layers", passed=summary["passed"], max_rel=worst["rel_vs_stock_f64"],
-                  max_rel_per_position=worst["rel_per_position_vs_stock_f64"], threshold=limits["rel_vs_stock_f64"],
-                  threshold_per_position=limits["rel_per_position_vs_stock_f64"],
-                  control_over_threshold=summary["control_memory_cut"]["over_threshold"],
-                  max_rel_fp32=worst["rel_vs_stock_fp32"])
-    print(f"verify_layers: {form} on {len(summary['layers'])} GatedDeltaNets: max rel vs stock float64 "
-          f"{worst['rel_vs_stock_f64']:.2e}, per position {worst['rel_per_position_vs_stock_f64']:.2e} (bounds "
-          f"{limits['rel_vs_stock_f64']:g}, {limits['rel_per_position_vs_stock_f64']:g}); vs stock fp32 "
-          f"{worst['rel_vs_stock_fp32']:.2e}, stock fp32 vs its float64 {worst['rel_stock_fp32_vs_f64']:.2e}; "
-          f"memory-cut control {compare.shown(control)} ({compare.shown(summary['control_memory_cut']['over_threshold'])}x "
-          "the bound)")
+    metrics.write(
+        "layers",
+        passed=summary["passed"],
+        max_rel=worst["rel_vs_stock_f64"],
+        max_rel_per_position=worst["rel_per_position_vs_stock_f64"],
+        threshold=limits["rel_vs_stock_f64"],
+        threshold_per_position=limits["rel_per_position_vs_stock_f64"],
+        control_over_threshold=summary["control_memory_cut"]["over_threshold"],
+        max_rel_fp32=worst["rel_vs_stock_fp32"],
+    )
+    print(
+        f"verify_layers: {form} on {len(summary['layers'])} GatedDeltaNets: max rel vs stock float64 "
+        f"{worst['rel_vs_stock_f64']:.2e}, per position {worst['rel_per_position_vs_stock_f64']:.2e} (bounds "
+        f"{limits['rel_vs_stock_f64']:g}, {limits['rel_per_position_vs_stock_f64']:g}); vs stock fp32 "
+        f"{worst['rel_vs_stock_fp32']:.2e}, stock fp32 vs its float64 {worst['rel_stock_fp32_vs_f64']:.2e}; "
+        f"memory-cut control {compare.shown(control)} "
+        f"({compare.shown(summary['control_memory_cut']['over_threshold'])}x "
+        "the bound)"
+    )
     if fails:
         raise ClefError(f"verify_layers failed: {fails[0]} ({len(fails)} problems)")
 

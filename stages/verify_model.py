@@ -2,10 +2,13 @@
 and causality -> results/model.json. Fails, naming the row, past a bound (global or per position),
 or when the memory-cut control does not break the global bound by controls.min_over_threshold."""
 
-from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, model_check, params
-from scripts import snapshot
-from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, model_check
+from scripts.layers import kernel_form
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.qwen35 import patch
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
@@ -17,7 +20,7 @@ def main() -> None:
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
     vocab = snapshot.text_config(path)["vocab_size"]
-    model, _, _ = clef_qwen35_patch.load(path, form)
+    model, _, _ = patch.load(path, form)
     rows = model_check.model_rows(model, Host(path), lengths, vocab)
     control = compare.worst(rows, "control_memory_cut_rel_vs_stock_f64")
     fails = model_check.failures(rows, limits)
@@ -27,26 +30,48 @@ def main() -> None:
     def per_length(key):
         return {str(n): compare.worst([r for r in vs if r["L"] == n], key) for n in lengths}
 
-    summary = {"form": form, "thresholds": limits, "passed": not fails, "failures": fails,
-               **{f"max_{k}": per_length(k) for k in ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64",
-                                                      "rel_vs_stock_fp32", "rel_stock_fp32_vs_f64",
-                                                      "control_memory_cut_rel_vs_stock_f64")},
-               "max_rel_causality": compare.worst(rows, "rel_causality"),
-               "control_memory_cut": {"rel_vs_stock_f64": control,
-                                      "over_threshold": compare.margin(control, limits["rel_vs_stock_f64"]),
-                                      "required_over_threshold": min_over},
-               "all_finite": all(r["finite"] for r in rows)}
+    summary = {
+        "form": form,
+        "thresholds": limits,
+        "passed": not fails,
+        "failures": fails,
+        **{
+            f"max_{k}": per_length(k)
+            for k in (
+                "rel_vs_stock_f64",
+                "rel_per_position_vs_stock_f64",
+                "rel_vs_stock_fp32",
+                "rel_stock_fp32_vs_f64",
+                "control_memory_cut_rel_vs_stock_f64",
+            )
+        },
+        "max_rel_causality": compare.worst(rows, "rel_causality"),
+        "control_memory_cut": {
+            "rel_vs_stock_f64": control,
+            "over_threshold": compare.margin(control, limits["rel_vs_stock_f64"]),
+            "required_over_threshold": min_over,
+        },
+        "all_finite": all(r["finite"] for r in rows),
+    }
     atomic.write_json(layout.result_path("model"), {"revision": rec["revision"], "summary": summary, "rows": rows})
-    metrics.write("model", passed=summary["passed"], max_rel=compare.worst(vs, "rel_vs_stock_f64"),
-                  max_rel_per_position=compare.worst(vs, "rel_per_position_vs_stock_f64"),
-                  threshold=limits["rel_vs_stock_f64"], threshold_per_position=limits["rel_per_position_vs_stock_f64"],
-                  control_over_threshold=summary["control_memory_cut"]["over_threshold"],
-                  max_rel_fp32=compare.worst(vs, "rel_vs_stock_fp32"))
+    metrics.write(
+        "model",
+        passed=summary["passed"],
+        max_rel=compare.worst(vs, "rel_vs_stock_f64"),
+        max_rel_per_position=compare.worst(vs, "rel_per_position_vs_stock_f64"),
+        threshold=limits["rel_vs_stock_f64"],
+        threshold_per_position=limits["rel_per_position_vs_stock_f64"],
+        control_over_threshold=summary["control_memory_cut"]["over_threshold"],
+        max_rel_fp32=compare.worst(vs, "rel_vs_stock_fp32"),
+    )
     for n in map(str, lengths):
-        print(f"verify_model L={n}: rel vs stock float64 {summary['max_rel_vs_stock_f64'][n]:.2e}, per position "
-              f"{summary['max_rel_per_position_vs_stock_f64'][n]:.2e}; vs stock fp32 {summary['max_rel_vs_stock_fp32'][n]:.2e} "
-              f"(stock fp32 vs its float64 {summary['max_rel_stock_fp32_vs_f64'][n]:.2e}); memory-cut control "
-              f"{compare.shown(summary['max_control_memory_cut_rel_vs_stock_f64'][n])}")
+        print(
+            f"verify_model L={n}: rel vs stock float64 {summary['max_rel_vs_stock_f64'][n]:.2e}, per position "
+            f"{summary['max_rel_per_position_vs_stock_f64'][n]:.2e}; "
+            f"vs stock fp32 {summary['max_rel_vs_stock_fp32'][n]:.2e} "
+            f"(stock fp32 vs its float64 {summary['max_rel_stock_fp32_vs_f64'][n]:.2e}); memory-cut control "
+            f"{compare.shown(summary['max_control_memory_cut_rel_vs_stock_f64'][n])}"
+        )
     if fails:
         raise ClefError(f"verify_model failed: {fails[0]} ({len(fails)} problems)")
 

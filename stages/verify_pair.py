@@ -2,17 +2,20 @@
 chaining against the row graph (the prefix's hidden too), its state against transformers' cache in
 float64, state reuse, and the op census -> results/pair_P{P}_S{S}.json. Fails, naming the row, past a
 bound (global or per position), on a census violation, or when a control (the recurrent state zeroed,
-the pad guard removed: scripts/controls.py) does not break the bound by controls.min_over_threshold."""
+the pad guard removed: scripts/checks/controls.py) does not break the bound by controls.min_over_threshold."""
+
 import argparse
 
 import torch
 
-from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, pair_check, pair_graph
-from scripts import params, snapshot
-from scripts import tflite_check, tflite_file
-from scripts.clef_host import Host, PairRunner, litert_signature
-from scripts.errors import ClefError, run_stage
-
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, pair_check, tflite_check
+from scripts.layers import kernel_form
+from scripts.litert import tflite_file
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host, PairRunner, litert_signature
 
 CONTROLS = {"zero_state": "control_zero_state_rel_vs_row", "no_pad_guard": "control_no_pad_guard_rel_vs_row"}
 
@@ -32,36 +35,55 @@ def main() -> None:
     a = ap.parse_args()
     p = params.load(["form", "verify_pair", "controls"])
     form = str(kernel_form.parse(p["form"]))
-    limits = params.bounds(p, "verify_pair", ("rel_vs_row", "rel_per_position_vs_row", "rel_state_vs_stock_f64",
-                                              "rel_per_position_state_vs_stock_f64"))
+    limits = params.bounds(
+        p,
+        "verify_pair",
+        ("rel_vs_row", "rel_per_position_vs_row", "rel_state_vs_stock_f64", "rel_per_position_state_vs_stock_f64"),
+    )
     limit = limits["rel_vs_row"]
     min_over = params.min_over_threshold(p)
     path = layout.pair_path(a.prefix, a.suffix)
-    tflite_file.require(path, "export_pair")
+    layout.require(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    model, _, _ = clef_qwen35_patch.load(snap, form)
+    model, _, _ = patch.load(snap, form)
     host = Host(snap)
     census = tflite_file.census(path)
-    meta = tflite_file.read_metadata(path) or {}
+    meta = tflite_file.read_metadata(path)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     if set(census["signatures"]) != {"prefix", "suffix"}:
         problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
     expected = {"revision": rec["revision"], "form": form, "kind": "pair", "P": a.prefix, "S": a.suffix}
-    problems += [f"metadata: {k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
     shapes = pair_graph.state_shapes(model, a.prefix)
-    runners = {"torch": PairRunner(host, torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),
-                                   torch_fn(pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()),
-                                   a.prefix, a.suffix, form, shapes)}
+    runners = {
+        "torch": PairRunner(
+            host,
+            torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),
+            torch_fn(pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()),
+            a.prefix,
+            a.suffix,
+            form,
+            shapes,
+        )
+    }
     interp = tflite_check.interpreter(path)
-    runners["litert"] = PairRunner(host, litert_signature(interp.get_signature_runner("prefix")),
-                                   litert_signature(interp.get_signature_runner("suffix")), a.prefix, a.suffix, form, shapes)
+    runners["litert"] = PairRunner(
+        host,
+        litert_signature(interp.get_signature_runner("prefix")),
+        litert_signature(interp.get_signature_runner("suffix")),
+        a.prefix,
+        a.suffix,
+        form,
+        shapes,
+    )
     rows = []
     stock = pair_check.StockCaches(model)
     for backend, runner in runners.items():
-        for r in pair_check.check(runner, model, model.config.vocab_size, pad_guard_control=backend == "torch",
-                                  stock=stock):
+        for r in pair_check.check(
+            runner, model, model.config.vocab_size, pad_guard_control=backend == "torch", stock=stock
+        ):
             rows.append({"backend": backend, **r})
     problems += compare.judge(rows, limits)
     found = {}
@@ -73,34 +95,56 @@ def main() -> None:
                 problems += compare.control_problems(f"{control} ({b})", value, limit, min_over)
 
     def per_backend(key, check=None):
-        return {b: compare.worst([r for r in rows if r["backend"] == b and check in (None, r["check"])], key)
-                for b in runners}
+        return {
+            b: compare.worst([r for r in rows if r["backend"] == b and check in (None, r["check"])], key)
+            for b in runners
+        }
 
-    summary = {"P": a.prefix, "S": a.suffix, "form": form, "thresholds": limits, "passed": not problems,
-               "problems": problems, "bytes": path.stat().st_size,
-               "max_rel_vs_row": per_backend("rel_vs_row"),
-               "max_rel_per_position_vs_row": per_backend("rel_per_position_vs_row"),
-               "max_rel_prefix_hidden_vs_row": per_backend("rel_vs_row", "prefix_hidden"),
-               "max_rel_state_vs_stock_f64": per_backend("rel_state_vs_stock_f64"),
-               "max_rel_per_position_state_vs_stock_f64": per_backend("rel_per_position_state_vs_stock_f64"),
-               "max_rel_state_vs_stock_fp32": per_backend("rel_state_vs_stock_fp32"),
-               "controls": {name: {"rel_vs_row": v, "over_threshold": compare.margin(v, limit)} for name, v in found.items()},
-               "controls_required_over_threshold": min_over}
+    summary = {
+        "P": a.prefix,
+        "S": a.suffix,
+        "form": form,
+        "thresholds": limits,
+        "passed": not problems,
+        "problems": problems,
+        "bytes": path.stat().st_size,
+        "max_rel_vs_row": per_backend("rel_vs_row"),
+        "max_rel_per_position_vs_row": per_backend("rel_per_position_vs_row"),
+        "max_rel_prefix_hidden_vs_row": per_backend("rel_vs_row", "prefix_hidden"),
+        "max_rel_state_vs_stock_f64": per_backend("rel_state_vs_stock_f64"),
+        "max_rel_per_position_state_vs_stock_f64": per_backend("rel_per_position_state_vs_stock_f64"),
+        "max_rel_state_vs_stock_fp32": per_backend("rel_state_vs_stock_fp32"),
+        "controls": {name: {"rel_vs_row": v, "over_threshold": compare.margin(v, limit)} for name, v in found.items()},
+        "controls_required_over_threshold": min_over,
+    }
     name = layout.pair_name(a.prefix, a.suffix)
     atomic.write_json(layout.result_path(name), {"summary": summary, "census": census, "metadata": meta, "rows": rows})
-    metrics.write(name, passed=summary["passed"], max_rel=compare.largest(summary["max_rel_vs_row"].values()),
-                  threshold=limit, max_rel_per_position=compare.largest(summary["max_rel_per_position_vs_row"].values()),
-                  threshold_per_position=limits["rel_per_position_vs_row"],
-                  control_over_threshold=min(c["over_threshold"] for c in summary["controls"].values()),
-                  max_rel_state=compare.largest(summary["max_rel_state_vs_stock_f64"].values()), P=a.prefix, S=a.suffix,
-                  bytes=path.stat().st_size, op_total=census["op_total"], max_rank=census["max_rank"],
-                  ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None))
-    shown = {k: {b: f"{v:.2e}" for b, v in summary[k].items()} for k in ("max_rel_vs_row", "max_rel_per_position_vs_row",
-                                                                         "max_rel_state_vs_stock_f64")}
-    print(f"verify_pair P={a.prefix} S={a.suffix}: chaining max rel {shown['max_rel_vs_row']}, per position "
-          f"{shown['max_rel_per_position_vs_row']}, state vs transformers float64 {shown['max_rel_state_vs_stock_f64']}; "
-          f"controls {', '.join(f'{k} {v:.3g}' for k, v in found.items())}; {census['op_total']} ops, "
-          f"max rank {census['max_rank']}")
+    metrics.write(
+        name,
+        passed=summary["passed"],
+        max_rel=compare.largest(summary["max_rel_vs_row"].values()),
+        threshold=limit,
+        max_rel_per_position=compare.largest(summary["max_rel_per_position_vs_row"].values()),
+        threshold_per_position=limits["rel_per_position_vs_row"],
+        control_over_threshold=min(c["over_threshold"] for c in summary["controls"].values()),
+        max_rel_state=compare.largest(summary["max_rel_state_vs_stock_f64"].values()),
+        P=a.prefix,
+        S=a.suffix,
+        bytes=path.stat().st_size,
+        op_total=census["op_total"],
+        max_rank=census["max_rank"],
+        ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None),
+    )
+    shown = {
+        k: {b: f"{v:.2e}" for b, v in summary[k].items()}
+        for k in ("max_rel_vs_row", "max_rel_per_position_vs_row", "max_rel_state_vs_stock_f64")
+    }
+    print(
+        f"verify_pair P={a.prefix} S={a.suffix}: chaining max rel {shown['max_rel_vs_row']}, per position "
+        f"{shown['max_rel_per_position_vs_row']}, state vs transformers float64 {shown['max_rel_state_vs_stock_f64']}; "
+        f"controls {', '.join(f'{k} {v:.3g}' for k, v in found.items())}; {census['op_total']} ops, "
+        f"max rank {census['max_rank']}"
+    )
     if problems:
         raise ClefError(f"verify_pair P={a.prefix} S={a.suffix} failed: {problems[0]} ({len(problems)} problems)")
 

@@ -4,13 +4,17 @@ results/tflite_L{L}.json. Fails, naming the problem, on an error over a bound (g
 a census violation (rank > 4, custom / STABLEHLO / WHILE / CUMSUM / GATHER_ND ops, int64 tensors), or
 when the memory-cut control (the torch graph with the fault, against the file) does not break the
 global bound by controls.min_over_threshold."""
+
 import argparse
 
-from scripts import atomic, clef_qwen35_patch, compare, kernel_form, layout, metrics, model_check, params
-from scripts import row_graph, snapshot
-from scripts import tflite_check, tflite_file
-from scripts.clef_host import Host
-from scripts.errors import ClefError, run_stage
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, model_check, tflite_check
+from scripts.layers import kernel_form
+from scripts.litert import tflite_file
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.qwen35 import patch, row_graph
+from scripts.qwen35.host import Host
 
 
 def main() -> None:
@@ -23,20 +27,23 @@ def main() -> None:
     limit = limits["rel_vs_torch"]
     min_over = params.min_over_threshold(p)
     path = layout.row_path(length)
-    tflite_file.require(path, "export")
+    layout.require(path, "export")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     census = tflite_file.census(path)
     meta = tflite_file.read_metadata(path)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
-    expected = {"repo": rec["repo"], "revision": rec["revision"], "form": form, "kind": "row", "L": length,
-                "contract_version": row_graph.CONTRACT_VERSION}
-    if meta is None:
-        problems.append("metadata: no clef_litert entry")
-    else:
-        problems += [f"metadata: {k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
+    expected = {
+        "repo": rec["repo"],
+        "revision": rec["revision"],
+        "form": form,
+        "kind": "row",
+        "L": length,
+        "contract_version": row_graph.CONTRACT_VERSION,
+    }
+    problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
-    model, _, _ = clef_qwen35_patch.load(snap, form)
+    model, _, _ = patch.load(snap, form)
     host = Host(snap)
     graph = row_graph.ClefRowPrefill(model, length).eval()
     runner = tflite_check.interpreter(path).get_signature_runner()
@@ -47,31 +54,60 @@ def main() -> None:
     problems += [f"accuracy: {line}" for line in compare.judge(rows, limits)]
     control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
     problems += compare.control_problems("memory_cut", control, limit, min_over)
-    timing = tflite_check.latency(runner, graph, host.record(model_check.random_ids(length, vocab, length), length),
-                                  int(p["verify_tflite"]["latency_repeats"]))
-    doc = {"L": length, "form": form, "file": str(path), "bytes": path.stat().st_size, "thresholds": limits,
-           "passed": not problems, "problems": problems, "rows": rows,
-           "max_rel_vs_torch": compare.worst(rows, "rel_vs_torch"),
-           "max_rel_per_position_vs_torch": compare.worst(rows, "rel_per_position_vs_torch"),
-           "control_memory_cut": {"rel_vs_torch": control, "over_threshold": compare.margin(control, limit),
-                                  "required_over_threshold": min_over, "applies": control is not None,
-                                  "what": "the torch graph with the state zeroed at each chunk boundary, against the "
-                                          "file (none where no record spans two chunks)"},
-           "census": census, "metadata": meta, "latency": timing}
+    timing = tflite_check.latency(
+        runner,
+        graph,
+        host.record(model_check.random_ids(length, vocab, length), length),
+        int(p["verify_tflite"]["latency_repeats"]),
+    )
+    doc = {
+        "L": length,
+        "form": form,
+        "file": str(path),
+        "bytes": path.stat().st_size,
+        "thresholds": limits,
+        "passed": not problems,
+        "problems": problems,
+        "rows": rows,
+        "max_rel_vs_torch": compare.worst(rows, "rel_vs_torch"),
+        "max_rel_per_position_vs_torch": compare.worst(rows, "rel_per_position_vs_torch"),
+        "control_memory_cut": {
+            "rel_vs_torch": control,
+            "over_threshold": compare.margin(control, limit),
+            "required_over_threshold": min_over,
+            "applies": control is not None,
+            "what": "the torch graph with the state zeroed at each chunk boundary, against the "
+            "file (none where no record spans two chunks)",
+        },
+        "census": census,
+        "metadata": meta,
+        "latency": timing,
+    }
     atomic.write_json(layout.result_path(f"tflite_L{length}"), doc)
     gdn_ops = sorted(set(census["ops_per_gdn_layer"].values()))
-    metrics.write(f"tflite_L{length}", passed=doc["passed"], max_rel=doc["max_rel_vs_torch"], threshold=limit,
-                  max_rel_per_position=doc["max_rel_per_position_vs_torch"],
-                  threshold_per_position=limits["rel_per_position_vs_torch"],
-                  control_over_threshold=doc["control_memory_cut"]["over_threshold"], L=length,
-                  bytes=path.stat().st_size, op_total=census["op_total"], max_rank=census["max_rank"],
-                  ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None, torch_over_litert=timing["torch_over_litert"],
-                  litert_ms=1e3 * timing["litert_median_s"])
-    print(f"verify_tflite L={length}: max rel vs torch {doc['max_rel_vs_torch']:.2e}, per position "
-          f"{doc['max_rel_per_position_vs_torch']:.2e} (bounds {limit:g}, {limits['rel_per_position_vs_torch']:g}); "
-          f"memory-cut control {compare.shown(control)}; "
-          f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
-          f"torch/litert time {timing['torch_over_litert']:.2f}x")
+    metrics.write(
+        f"tflite_L{length}",
+        passed=doc["passed"],
+        max_rel=doc["max_rel_vs_torch"],
+        threshold=limit,
+        max_rel_per_position=doc["max_rel_per_position_vs_torch"],
+        threshold_per_position=limits["rel_per_position_vs_torch"],
+        control_over_threshold=doc["control_memory_cut"]["over_threshold"],
+        L=length,
+        bytes=path.stat().st_size,
+        op_total=census["op_total"],
+        max_rank=census["max_rank"],
+        ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None,
+        torch_over_litert=timing["torch_over_litert"],
+        litert_ms=1e3 * timing["litert_median_s"],
+    )
+    print(
+        f"verify_tflite L={length}: max rel vs torch {doc['max_rel_vs_torch']:.2e}, per position "
+        f"{doc['max_rel_per_position_vs_torch']:.2e} (bounds {limit:g}, {limits['rel_per_position_vs_torch']:g}); "
+        f"memory-cut control {compare.shown(control)}; "
+        f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
+        f"torch/litert time {timing['torch_over_litert']:.2f}x"
+    )
     if problems:
         raise ClefError(f"verify_tflite L={length} failed: {problems[0]} ({len(problems)} problems)")
 

@@ -1,5 +1,6 @@
 """Shared fixtures: the tiny checkpoint written once per session, a way to run a stage as DVC does, and
 the whole pipeline run once per session in a temporary copy of the repository."""
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import scripts  # noqa: F401  (quiets third-party import noise before torch/transformers load)
-from scripts import fetch, snapshot
+from scripts.checkpoint import fetch, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,7 @@ def workdir(tmp_path, tiny_cache) -> Path:
     cache, rec = tiny_cache
     shutil.copytree(cache, tmp_path / "hf")
     (tmp_path / "results").mkdir()
-    from scripts import atomic
+    from scripts.pipeline import atomic
 
     atomic.write_json(tmp_path / "results" / "snapshot.json", rec)
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
@@ -47,8 +48,9 @@ def workdir(tmp_path, tiny_cache) -> Path:
 def run_stage(name: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -m stages.<name>` in `cwd`, the way dvc.yaml runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", f"stages.{name}"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -63,8 +65,9 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
 
 def repo_copy(dest: Path) -> Path:
     """The repo's tracked and unignored files in `dest`, as a fresh git repository."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split("\0")
     for name in filter(None, files):
         generated = name.split("/")[0] in ("hf", "artifacts", "results") and not name.endswith(".gitignore")
         if (ROOT / name).is_file() and not generated:
@@ -77,8 +80,13 @@ def repo_copy(dest: Path) -> Path:
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@localhost", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=test", "-c", "user.email=test@localhost", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def tool_env() -> dict:
@@ -89,8 +97,9 @@ def tool_env() -> dict:
 
 
 def dvc_run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=tool_env(), capture_output=True,
-                          text=True, timeout=3600)
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=3600
+    )
 
 
 def dvc(cwd: Path, *args: str) -> str:
@@ -101,8 +110,14 @@ def dvc(cwd: Path, *args: str) -> str:
 
 def clef(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """The `clef` console script, as installed by `make env`."""
-    return subprocess.run([str(Path(sys.executable).parent / "clef"), *args], cwd=cwd, env=tool_env(),
-                          capture_output=True, text=True, timeout=1200)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "clef"), *args],
+        cwd=cwd,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -112,3 +127,11 @@ def pipeline(tmp_path_factory) -> dict:
     at, so a forced rebuild at the same commit must give the same bytes. -> {"repo", "log"}"""
     repo = repo_copy(tmp_path_factory.mktemp("pipeline") / "repo")
     return {"repo": repo, "log": dvc(repo, "repro")}
+
+
+def pytest_collection_modifyitems(items):
+    """`pipeline` on every test that needs the session's dvc repro, however indirectly: `make test-fast`
+    leaves them out."""
+    for item in items:
+        if "pipeline" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.pipeline)

@@ -14,6 +14,7 @@ file as if it were all of it), `sizes` (advertise another size for a file in the
 `missing_revisions`. The listings keep the true hashes and sizes whatever the resolve URLs serve. Every request is
 recorded in `requests` as (method, path, Range header).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,11 @@ class FakeHub:
 
     def resolves(self, method: str = "GET", name: str = "") -> list[tuple[str, str, str | None]]:
         """The recorded requests of resolve URLs (of file `name`, if given) with `method`."""
-        return [r for r in self.requests
-                if r[0] == method and "/resolve/" in r[1] and (not name or r[1].endswith("/" + name))]
+        return [
+            r
+            for r in self.requests
+            if r[0] == method and "/resolve/" in r[1] and (not name or r[1].endswith("/" + name))
+        ]
 
     # What the hub says about a file: the true hashes, and the size unless a test overrides it.
     def etag(self, name: str) -> str:
@@ -82,9 +86,9 @@ class FakeHub:
         data = self.files[name]
         if name in self.flip:
             middle = len(data) // 2
-            data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+            data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
         if name in self.truncate:
-            data = data[:len(data) // 2]
+            data = data[: len(data) // 2]
         return data
 
 
@@ -113,8 +117,13 @@ def _handler(hub: FakeHub):
                 if not self.known(revision):
                     return
                 if kind == "revision":
-                    info = {"id": hub.repo, "modelId": hub.repo, "sha": revision, "private": False,
-                            "siblings": [hub.sibling(n) for n in sorted(hub.files)]}
+                    info = {
+                        "id": hub.repo,
+                        "modelId": hub.repo,
+                        "sha": revision,
+                        "private": False,
+                        "siblings": [hub.sibling(n) for n in sorted(hub.files)],
+                    }
                 else:
                     info = [hub.tree_entry(n) for n in sorted(hub.files)]
                 return self.reply(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
@@ -137,8 +146,12 @@ def _handler(hub: FakeHub):
             data = hub.body(name)
             size = len(data)
             etag = f'"{hub.etag(name)}"'
-            headers = {"X-Repo-Commit": revision, "ETag": etag, "Accept-Ranges": "bytes",
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": revision,
+                "ETag": etag,
+                "Accept-Ranges": "bytes",
+                "Content-Type": "application/octet-stream",
+            }
             if is_lfs(name):
                 headers.update({"X-Linked-Etag": etag, "X-Linked-Size": str(size)})
             start, status = 0, 200
@@ -153,7 +166,7 @@ def _handler(hub: FakeHub):
                 return self.reply(status, body, headers)
             cut[1] -= 1  # send the headers of the whole answer, then drop the line at the cut offset
             hub.cuts_done += 1
-            self.reply(status, body[:max(0, cut[0] - start)], {**headers, "Content-Length": str(len(body))})
+            self.reply(status, body[: max(0, cut[0] - start)], {**headers, "Content-Length": str(len(body))})
             self.close_connection = True
 
         def reply(self, status: int, body: bytes, headers: dict):

@@ -1,4 +1,5 @@
-"""The one error metric (scripts/compare.py), and every stage's comparison failing on a NaN."""
+"""The one error metric (scripts/checks/compare.py), and every stage's comparison failing on a NaN."""
+
 from __future__ import annotations
 
 import math
@@ -6,11 +7,14 @@ import math
 import pytest
 import torch
 
-from scripts import clef_kernel, clef_qwen35_patch, compare, gpu_check, kernel_check, model_check, pair_check
-from scripts import pair_graph, params, release, text_stack, tflite_check
-from scripts.clef_host import Host, PairRunner
-from scripts.errors import ClefError
-from scripts.row_graph import ClefRowPrefill
+from scripts.checks import compare, gpu_check, kernel_check, model_check, pair_check, tflite_check
+from scripts.layers import gated_delta
+from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import pair_graph, patch, text_stack
+from scripts.qwen35.host import Host, PairRunner
+from scripts.qwen35.row_graph import ClefRowPrefill
+from scripts.release import reader
 
 FORM = "R64+sp+ec+dd+vs6"
 
@@ -24,8 +28,10 @@ def test_nan_or_inf_on_either_side_fails_naming_the_key():
     inf = ref.clone()
     inf[0, 1, 0] = float("inf")
     assert compare.figures("vs_x", ref, inf)["rel_vs_x"] != compare.figures("vs_x", ref, inf)["rel_vs_x"]  # NaN
-    lines = compare.judge([{"check": "c", **out}, {"check": "d", **compare.figures("vs_x", ref, inf)}],
-                          {"rel_vs_x": 1.0, "rel_per_position_vs_x": 1.0})
+    lines = compare.judge(
+        [{"check": "c", **out}, {"check": "d", **compare.figures("vs_x", ref, inf)}],
+        {"rel_vs_x": 1.0, "rel_per_position_vs_x": 1.0},
+    )
     assert lines[0] == "check=c: rel_vs_x is inf (NaN or inf in the output)"
     assert "check=d: rel_vs_x is nan (NaN or inf in the reference)" in lines and len(lines) == 4
 
@@ -48,13 +54,16 @@ def test_per_position_sees_an_ordinary_position_next_to_a_massive_one():
         compare.figures("vs_x", out[:, :2], ref)
 
 
-@pytest.mark.parametrize("section, fragment", [
-    ({"max_a": 0}, "verify_x.max_a 0 is not a positive number"),
-    ({"max_a": True}, "verify_x.max_a True"),
-    ({"max_a": float("inf")}, "verify_x.max_a inf"),
-    ({}, "verify_x.max_a None"),
-    ([1], "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "section, fragment",
+    [
+        ({"max_a": 0}, "verify_x.max_a 0 is not a positive number"),
+        ({"max_a": True}, "verify_x.max_a True"),
+        ({"max_a": float("inf")}, "verify_x.max_a inf"),
+        ({}, "verify_x.max_a None"),
+        ([1], "must be a mapping"),
+    ],
+)
 def test_bounds_must_be_positive_numbers(section, fragment):
     with pytest.raises(ClefError, match="params.yaml") as info:
         params.positive_numbers(section, ("max_a",), "verify_x")
@@ -62,6 +71,7 @@ def test_bounds_must_be_positive_numbers(section, fragment):
 
 
 # ---- a NaN fed into every stage's comparison --------------------------------------------------
+
 
 def nan_at_one_position(kernel):
     """A kernel wrapper whose output carries a NaN at token 3 (everything else exact)."""
@@ -78,13 +88,13 @@ def nan_at_one_position(kernel):
 
 @pytest.fixture
 def nan_kernel(monkeypatch):
-    make = clef_kernel.make_kernel
+    make = gated_delta.make_kernel
 
     def make_nan(form, carry_state=True):  # the configured form only: the float64 references stay exact
         kernel = make(form, carry_state)
         return nan_at_one_position(kernel) if str(form) == FORM else kernel
 
-    monkeypatch.setattr(clef_kernel, "make_kernel", make_nan)
+    monkeypatch.setattr(gated_delta, "make_kernel", make_nan)
 
 
 def judged(rows, stage_keys):
@@ -94,7 +104,7 @@ def judged(rows, stage_keys):
 
 
 def test_verify_kernel_fails_on_nan(nan_kernel, monkeypatch):
-    monkeypatch.setattr(kernel_check, "REGIMES", ("R2",))
+    monkeypatch.setattr(kernel_check, "REGIMES", ("weak_decay",))
     monkeypatch.setattr(kernel_check, "LENGTHS", (130,))
     rows = kernel_check.check({"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}, [FORM])
     summary = kernel_check.summarize(rows, FORM, {"rel_vs_f64": 1e-5, "rel_per_position_vs_f64": 1e-4}, 100)
@@ -109,7 +119,7 @@ def test_verify_layers_fails_on_nan(nan_kernel, tiny_snapshot):
 
 
 def test_verify_model_fails_on_nan(nan_kernel, tiny_snapshot):
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     rows = model_check.model_rows(model, Host(tiny_snapshot), [64], model.config.vocab_size)
     lines = model_check.failures(rows, {"rel_vs_stock_f64": 1e-4, "rel_causality": 1e-6})
     assert any("check=vs_stock, L=64, record=full: rel_vs_stock_f64 is inf" in ln for ln in lines), lines
@@ -117,7 +127,7 @@ def test_verify_model_fails_on_nan(nan_kernel, tiny_snapshot):
 
 @pytest.fixture(scope="module")
 def patched(tiny_snapshot):
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     return model, Host(tiny_snapshot)
 
 
@@ -145,9 +155,15 @@ def torch_fn(module, poison=False):
 def test_verify_pair_fails_on_nan(patched):
     model, host = patched
     P, S = 64, 16
-    runner = PairRunner(host, torch_fn(pair_graph.PairPrefix(model, P).eval()),
-                        torch_fn(pair_graph.PairSuffix(model, P, S).eval(), poison=True), P, S, FORM,
-                        pair_graph.state_shapes(model, P))
+    runner = PairRunner(
+        host,
+        torch_fn(pair_graph.PairPrefix(model, P).eval()),
+        torch_fn(pair_graph.PairSuffix(model, P, S).eval(), poison=True),
+        P,
+        S,
+        FORM,
+        pair_graph.state_shapes(model, P),
+    )
     rows = pair_check.chaining(runner, ClefRowPrefill(model, P + S).eval(), model.config.vocab_size, seed=1)
     lines = judged([r for r in rows if r["check"] == "chaining"], ["rel_vs_row", "rel_per_position_vs_row"])
     assert any("check=chaining, p=64, s=16: rel_vs_row is inf" in ln for ln in lines), lines
@@ -168,10 +184,12 @@ def test_verify_gpu_fails_on_nan(patched):
     graph = ClefRowPrefill(model, 64).eval()
     records = {"full": (64, host.record(list(range(10, 74)), 64))}
     refs = gpu_check.StockReferences(model)
-    rows = gpu_check.row_rows({"fp32": PoisonedCompiled(graph), "fp16": PoisonedCompiled(graph)}, model, host, refs,
-                              records)
-    _, problems = gpu_check.summary(rows, {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4,
-                                           "fp16_max_over_floor": 2.0})
+    rows = gpu_check.row_rows(
+        {"fp32": PoisonedCompiled(graph), "fp16": PoisonedCompiled(graph)}, model, host, refs, records
+    )
+    _, problems = gpu_check.summary(
+        rows, {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}
+    )
     assert "mode=fp32, record=full: rel_vs_torch is inf (NaN or inf in the output)" in problems, problems
     assert "mode=fp16, record=full: an output is not finite" in problems, problems
 
@@ -183,9 +201,11 @@ def test_clef_verify_fails_on_nan(patched):
         expected = ClefRowPrefill(model, 64)(**inputs)["hidden"][:, :20]
     record = {**inputs, "expected": expected}
     graph = ClefRowPrefill(model, 64).eval()
-    figures = release.reference_error(lambda name: torch_fn(graph, poison=True), "row", record)
-    lines = release.reference_problems(figures, {"threshold": 1e-4, "threshold_per_position": 1e-4})
-    assert lines == ["rel_vs_expected is inf (NaN or inf in the output)",
-                     "rel_per_position_vs_expected is inf (NaN or inf in the output)"]
-    good = release.reference_error(lambda name: torch_fn(graph), "row", record)
-    assert release.reference_problems(good, {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []
+    figures = reader.reference_error(lambda name: torch_fn(graph, poison=True), "row", record)
+    lines = reader.reference_problems(figures, {"threshold": 1e-4, "threshold_per_position": 1e-4})
+    assert lines == [
+        "rel_vs_expected is inf (NaN or inf in the output)",
+        "rel_per_position_vs_expected is inf (NaN or inf in the output)",
+    ]
+    good = reader.reference_error(lambda name: torch_fn(graph), "row", record)
+    assert reader.reference_problems(good, {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []

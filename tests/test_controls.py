@@ -1,5 +1,6 @@
-"""The faults the checks rerun with (scripts/controls.py): each breaks its check on the embedded
+"""The faults the checks rerun with (scripts/checks/controls.py): each breaks its check on the embedded
 checkpoint, the control itself fails on weights without memory, and every patch is restored."""
+
 from __future__ import annotations
 
 import copy
@@ -7,9 +8,11 @@ import copy
 import pytest
 import torch
 
-from scripts import clef_kernel, clef_qwen35_patch, compare, controls, model_check, text_stack
-from scripts.clef_host import Host
-from scripts.clef_qwen35_patch import ClefGatedDeltaNet
+from scripts.checks import compare, controls, model_check
+from scripts.layers import gated_delta
+from scripts.qwen35 import patch, text_stack
+from scripts.qwen35.host import Host
+from scripts.qwen35.patch import ClefGatedDeltaNet
 
 FORM = "R64+sp+ec+dd+vs6"
 LAYER_BOUND = 1e-5  # params.yaml verify_layers.max_rel_vs_stock_f64
@@ -38,7 +41,7 @@ def test_memory_cut_control_fails_on_weights_without_memory(stock):
     control says the check cannot see it."""
     forgetful = copy.deepcopy(stock)
     with torch.no_grad():
-        for m in clef_kernel.gated_deltanets(forgetful):
+        for m in gated_delta.gated_deltanets(forgetful):
             m.A_log += 8.0
     weakest = layer_control(forgetful)
     lines = compare.control_problems("memory_cut", weakest, LAYER_BOUND, 100)
@@ -51,21 +54,21 @@ def test_memory_cut_does_not_exist_within_one_chunk():
 
 
 def test_patches_are_restored_even_on_error(tiny_snapshot):
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
-    kernels = [m.chunk_gated_delta_rule for m in clef_kernel.gated_deltanets(model)]
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
+    kernels = [m.chunk_gated_delta_rule for m in gated_delta.gated_deltanets(model)]
     with pytest.raises(RuntimeError):
         with controls.memory_cut(model, FORM), controls.without_pad_guard():
             assert not ClefGatedDeltaNet.pad_decay_guard
-            assert all("zeroed" in m.chunk_gated_delta_rule.__name__ for m in clef_kernel.gated_deltanets(model))
+            assert all("zeroed" in m.chunk_gated_delta_rule.__name__ for m in gated_delta.gated_deltanets(model))
             raise RuntimeError("midway")
     assert ClefGatedDeltaNet.pad_decay_guard
-    assert [m.chunk_gated_delta_rule for m in clef_kernel.gated_deltanets(model)] == kernels
+    assert [m.chunk_gated_delta_rule for m in gated_delta.gated_deltanets(model)] == kernels
 
 
 def test_causality_cannot_see_the_pad_guard(tiny_snapshot):
     """Row-level garbage-vs-zero pads stay exact with the guard removed: what guards the pads is
     verify_pair's chaining with padded prefixes (tests/test_pair_graph.py shows it failing)."""
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, FORM, progress=False)
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     model64 = copy.deepcopy(model).to(torch.float64)
     with controls.without_pad_guard():
         row = model_check.causality(model, model64, Host(tiny_snapshot), 64, model.config.vocab_size, seed=0)

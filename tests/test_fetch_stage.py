@@ -1,4 +1,5 @@
 """The fetch stage and params checks: the tiny default, and bad params refused before anything is written."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -7,8 +8,9 @@ import json
 import pytest
 import yaml
 
-from scripts import fetch, params, snapshot
-from scripts.errors import ClefError
+from scripts.checkpoint import fetch, snapshot
+from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
 from tests.conftest import assert_one_line_error, run_stage
 
 GOOD = {"source": "tiny", "repo": "Cloudflare/clef-flash", "revision": "f0b7d3cd65296abfe459e6c228b618f5d8b26d2f"}
@@ -34,13 +36,16 @@ def test_tiny_fetch_writes_snapshot_and_record(tmp_path, tiny_cache):
     assert runtime["stage"] == "fetch" and runtime["seconds"] > 0 and runtime["peak_rss_bytes"] > 2**20
 
 
-@pytest.mark.parametrize("model, fragments", [
-    ({"source": "local"}, ["model.source 'local' is not one of", "tiny, synthetic, hub"]),
-    ({"revision": "main"}, ["model.revision 'main'", "40-hex"]),
-    ({"revision": "f0b7d3cd"}, ["model.revision 'f0b7d3cd'", "40-hex"]),
-    ({"revision": "F0B7D3CD65296ABFE459E6C228B618F5D8B26D2F"}, ["40-hex"]),
-    ({"repo": "clef-flash"}, ["model.repo 'clef-flash'"]),
-])
+@pytest.mark.parametrize(
+    "model, fragments",
+    [
+        ({"source": "local"}, ["model.source 'local' is not one of", "tiny, synthetic, hub"]),
+        ({"revision": "main"}, ["model.revision 'main'", "40-hex"]),
+        ({"revision": "f0b7d3cd"}, ["model.revision 'f0b7d3cd'", "40-hex"]),
+        ({"revision": "F0B7D3CD65296ABFE459E6C228B618F5D8B26D2F"}, ["40-hex"]),
+        ({"repo": "clef-flash"}, ["model.repo 'clef-flash'"]),
+    ],
+)
 def test_bad_model_params_refused_before_any_work(tmp_path, model, fragments):
     write_params(tmp_path, **model)
     assert_one_line_error(run_stage("fetch", tmp_path), *fragments)
@@ -75,7 +80,8 @@ def test_hub_source_unreachable_is_one_line_and_writes_nothing(tmp_path):
 
     write_params(tmp_path, source="hub")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    proc = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.fetch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert_one_line_error(proc, "download of Cloudflare/clef-flash@f0b7d3cd65296abfe459e6c228b618f5d8b26d2f failed")
     assert not (tmp_path / "hf").exists() and not (tmp_path / "results").exists()

@@ -1,6 +1,7 @@
 """LiteRT's GPU accelerator: what it refuses is read from its own log and named; BROADCAST_TO and
 aliased outputs fail the census gate at export and fail verify_gpu; a missing Vulkan adapter is one
 line; the GPU checks fail on NaN, on an fp32 error over the bound, and on bad params."""
+
 from __future__ import annotations
 
 import os
@@ -10,24 +11,32 @@ import sys
 import pytest
 import torch
 
-from scripts import compare, export, gpu_accelerator, gpu_check, pair_graph, tflite_file
-from scripts import clef_qwen35_patch as P
-from scripts.clef_host import Host
-from scripts.errors import ClefError
+from scripts.checks import compare, gpu_check
+from scripts.litert import export, gpu_accelerator, tflite_file
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host
 from tests.conftest import ROOT, assert_one_line_error
 
-LOG = """INFO: [delegate_webgpu.cc:342] Create WebGPU environment (use_low_power=0, enable_host_mapped_pointer=1)
-I0000 00:00:1796031338.4 2830 environment.cc:532] Selected adapter: llvmpipe (LLVM 15.0.6, 256 bits), arch=software, vendor=mesa, backend=Vulkan, adapterType=CPU / Software
-ERROR: Following operations are not supported by GPU delegate:
-BROADCAST_TO: Operation is not supported.
-RANDOM_OP: Not supported in this build.
-659 operations will run on the GPU, and the remaining 629 operations will run on the CPU.
-"""
+LOG = "\n".join(
+    [
+        "INFO: [delegate_webgpu.cc:342] Create WebGPU environment (use_low_power=0, enable_host_mapped_pointer=1)",
+        "I0000 00:00:1796031338.4 2830 environment.cc:532] Selected adapter: llvmpipe (LLVM 15.0.6, 256 bits), "
+        "arch=software, vendor=mesa, backend=Vulkan, adapterType=CPU / Software",
+        "ERROR: Following operations are not supported by GPU delegate:",
+        "BROADCAST_TO: Operation is not supported.",
+        "RANDOM_OP: Not supported in this build.",
+        "659 operations will run on the GPU, and the remaining 629 operations will run on the CPU.",
+        "",
+    ]
+)
 
 
 def test_refused_ops_and_adapter_are_read_from_the_log():
-    assert gpu_accelerator.refused_ops(LOG) == ["BROADCAST_TO: Operation is not supported.",
-                                                "RANDOM_OP: Not supported in this build."]
+    assert gpu_accelerator.refused_ops(LOG) == [
+        "BROADCAST_TO: Operation is not supported.",
+        "RANDOM_OP: Not supported in this build.",
+    ]
     assert gpu_accelerator.adapter_name(LOG) == "llvmpipe (LLVM 15.0.6, 256 bits)"
     assert gpu_accelerator.refused_ops("nothing refused") == [] and gpu_accelerator.adapter_name("") is None
 
@@ -80,7 +89,7 @@ def test_rms_norm_survives_massive_activations_in_fp16_on_the_gpu(tmp_path):
     x = torch.randn(1, 4, 64)
     x[0, 1, 5] = 2000.0
     errors = {}
-    for name, cls in (("stock", Qwen3_5RMSNorm), ("clef", P.ClefRMSNorm)):
+    for name, cls in (("stock", Qwen3_5RMSNorm), ("clef", patch.ClefRMSNorm)):
         norm = Qwen3_5RMSNorm(64)
         norm.__class__ = cls
         path = tmp_path / f"{name}.tflite"
@@ -133,10 +142,11 @@ def test_a_rank3_pad_fails_the_census_gate_and_computes_wrong_on_the_gpu(tmp_pat
 @pytest.fixture(scope="module")
 def two_layer_model(tiny_snapshot):
     """The tiny stack cut to one GatedDeltaNet and one attention layer: a pair converts in seconds."""
-    model, _, _ = P.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
+    model, _, _ = patch.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
     kinds = [layer.block_type for layer in model.layers]
-    model.layers = torch.nn.ModuleList([model.layers[kinds.index("linear_attention")],
-                                        model.layers[kinds.index("full_attention")]])
+    model.layers = torch.nn.ModuleList(
+        [model.layers[kinds.index("linear_attention")], model.layers[kinds.index("full_attention")]]
+    )
     return model, Host(tiny_snapshot)
 
 
@@ -146,10 +156,12 @@ def convert_pair(model, host, path, P_=16, S=8):
     first = host.record([0], P_)
     with torch.no_grad():
         state = {k: v for k, v in prefix(**first).items() if k != "hidden"}
-    export.convert_signatures({"prefix": (prefix, first), "suffix": (suffix, {**host.record([0], S, start=1), **state})},
-                              path)
+    export.convert_signatures(
+        {"prefix": (prefix, first), "suffix": (suffix, {**host.record([0], S, start=1), **state})}, path
+    )
 
 
+@pytest.mark.slow  # converts a shared-state pair
 def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_layer_model, tmp_path, monkeypatch):
     model, host = two_layer_model
 
@@ -160,7 +172,9 @@ def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_l
     raw = tmp_path / "broken.raw"
     convert_pair(model, host, raw)
     census = tflite_file.census(raw)
-    assert census["signatures"]["suffix"]["ops"].get("BROADCAST_TO") and not census["signatures"]["prefix"]["ops"].get("BROADCAST_TO")
+    assert census["signatures"]["suffix"]["ops"].get("BROADCAST_TO") and not census["signatures"]["prefix"]["ops"].get(
+        "BROADCAST_TO"
+    )
 
     out = tmp_path / "pair.tflite"
     with pytest.raises(ClefError, match="census gate: op BROADCAST_TO"):
@@ -169,9 +183,12 @@ def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_l
 
     with pytest.raises(ClefError) as info:
         gpu_accelerator.compile(raw, True, census)
-    assert "first refused op BROADCAST_TO" in str(info.value) and "in signature suffix" in str(info.value), str(info.value)
+    assert "first refused op BROADCAST_TO" in str(info.value) and "in signature suffix" in str(info.value), str(
+        info.value
+    )
 
 
+@pytest.mark.slow  # converts a shared-state pair
 def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_model, tmp_path):
     """P=16, S=8: both signatures pad their chunks, which a PAD op got wrong on the GPU."""
     model, host = two_layer_model
@@ -181,8 +198,15 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
     assert tflite_file.violations(census) == []
     compiled = gpu_check.compile_modes(path, census)
     assert all(c.fully_accelerated for c in compiled.values())
-    rows = gpu_check.signature_rows({"fp32": compiled["fp32"]}, pair_graph.PairPrefix(model, 16).eval(),
-                                    pair_graph.PairSuffix(model, 16, 8).eval(), host, 16, 8, list(range(3, 27)))
+    rows = gpu_check.signature_rows(
+        {"fp32": compiled["fp32"]},
+        pair_graph.PairPrefix(model, 16).eval(),
+        pair_graph.PairSuffix(model, 16, 8).eval(),
+        host,
+        16,
+        8,
+        list(range(3, 27)),
+    )
     assert {r["signature"] for r in rows} == {"prefix", "suffix"}
     assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
     assert pair_graph.SLOTS in rows[0]["per_output"]  # every output is compared, the slots too
@@ -192,11 +216,22 @@ BOUNDS = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_ove
 
 
 def row(mode, rel_torch, finite=True, fp16=0.02, floor=0.01, per_position=None):
-    r = {"mode": mode, "record": "full", "finite": finite, "rel_vs_torch": rel_torch,
-         "rel_per_position_vs_torch": rel_torch if per_position is None else per_position}
+    r = {
+        "mode": mode,
+        "record": "full",
+        "finite": finite,
+        "rel_vs_torch": rel_torch,
+        "rel_per_position_vs_torch": rel_torch if per_position is None else per_position,
+    }
     if mode == "fp16":
-        r.update({"rel_vs_f64": fp16, "rel_per_position_vs_f64": fp16, "rel_floor_vs_f64": floor,
-                  "rel_per_position_floor_vs_f64": floor})
+        r.update(
+            {
+                "rel_vs_f64": fp16,
+                "rel_per_position_vs_f64": fp16,
+                "rel_floor_vs_f64": floor,
+                "rel_per_position_floor_vs_f64": floor,
+            }
+        )
     return r
 
 
@@ -211,13 +246,16 @@ def test_summary_fails_on_nan_non_finite_and_fp32_over_a_bound():
     assert problems == ["mode=fp32, record=full: rel_per_position_vs_torch 0.0003 > 0.0001"]
 
 
-@pytest.mark.parametrize("section, fragment", [
-    ({**BOUNDS, "max_rel_fp32": "x"}, "verify_gpu.max_rel_fp32 'x'"),
-    ({**BOUNDS, "max_rel_fp32": -1e-4}, "verify_gpu.max_rel_fp32 -0.0001"),
-    ({**BOUNDS, "fp16_max_over_floor": float("nan")}, "verify_gpu.fp16_max_over_floor nan"),
-    ({"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4}, "verify_gpu.fp16_max_over_floor None"),
-    ([1], "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "section, fragment",
+    [
+        ({**BOUNDS, "max_rel_fp32": "x"}, "verify_gpu.max_rel_fp32 'x'"),
+        ({**BOUNDS, "max_rel_fp32": -1e-4}, "verify_gpu.max_rel_fp32 -0.0001"),
+        ({**BOUNDS, "fp16_max_over_floor": float("nan")}, "verify_gpu.fp16_max_over_floor nan"),
+        ({"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4}, "verify_gpu.fp16_max_over_floor None"),
+        ([1], "must be a mapping"),
+    ],
+)
 def test_bad_gpu_params_refused(section, fragment):
     with pytest.raises(ClefError, match="params.yaml") as info:
         gpu_check.limits(section)
@@ -226,16 +264,26 @@ def test_bad_gpu_params_refused(section, fragment):
 
 def run_verify_gpu(workdir, *args, env_extra=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "stages.verify_gpu", *args], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "stages.verify_gpu", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_no_vulkan_adapter_is_one_line_and_writes_nothing(workdir, tmp_path):
     graph = workdir / "artifacts" / "rows" / "row_L64.tflite"
     graph.parent.mkdir(parents=True)
     graph.write_bytes(toy_graph(tmp_path, "clean").read_bytes())
-    proc = run_verify_gpu(workdir, "--length", "64",
-                          env_extra={"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"})
+    proc = run_verify_gpu(
+        workdir,
+        "--length",
+        "64",
+        env_extra={"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"},
+    )
     assert_one_line_error(proc, "no Vulkan adapter", "mesa-vulkan-drivers")
     assert not (workdir / "results" / "gpu").exists() and not (workdir / "results" / "metrics").exists()
 
@@ -249,11 +297,13 @@ def test_verify_gpu_refuses_a_graph_with_broadcast_to_before_the_gpu(workdir, tm
     assert not (workdir / "results" / "gpu").exists()
 
 
-@pytest.mark.parametrize("args, fragment", [
-    ((), "--length L (a row graph) or --prefix P --suffix S"),
-    (("--length", "64", "--prefix", "64", "--suffix", "64"), "--length L (a row graph) or"),
-    (("--length", "64"), "run the export@64 stage first"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ((), "--length L (a row graph) or --prefix P --suffix S"),
+        (("--length", "64", "--prefix", "64", "--suffix", "64"), "--length L (a row graph) or"),
+        (("--length", "64"), "run the export@64 stage first"),
+    ],
+)
 def test_verify_gpu_bad_arguments(workdir, args, fragment):
     assert_one_line_error(run_verify_gpu(workdir, *args), fragment)
-

@@ -5,6 +5,7 @@ pointing at the fake hub (huggingface_hub reads it at import, hence the subproce
 the tiny checkpoint at any 40-hex revision; its fault switches stand for a transfer cut midway, a
 corrupt file, an unknown revision and a file too big for the disk.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -19,7 +20,7 @@ import sys
 import pytest
 import yaml
 
-from scripts.fetch import DISK_MARGIN, HUB_PATTERNS, bytes_left
+from scripts.checkpoint.fetch import DISK_MARGIN, HUB_PATTERNS, bytes_left
 from tests.conftest import ROOT, assert_one_line_error
 from tests.hub_server import FakeHub, git_blob_id
 
@@ -57,10 +58,17 @@ def work(tmp_path, tiny_files):
 def run_fetch(work, hub) -> subprocess.CompletedProcess:
     """The fetch stage in `work`, online, against the fake hub, with a private HF_HOME (no token)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
-    env.update(PYTHONPATH=str(ROOT), HF_ENDPOINT=hub.url, HF_HOME=str(work.parent / "hf-home"),
-               HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    return subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=120)
+    env.update(
+        PYTHONPATH=str(ROOT),
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(work.parent / "hf-home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "stages.fetch"], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def wanted(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -140,19 +148,29 @@ def test_cut_transfer_ends_in_a_correct_snapshot_or_a_clean_failure(work, hub, t
 
 # (fault, file it hits, what the one-line error must say given the file's true bytes)
 CORRUPTIONS = {
-    "flipped-shard": ("flip", lambda files: shards(files)[-1],
-                      lambda data: f"sha256 {sha256(flipped(data))[:12]}... differs from the hub's {sha256(data)[:12]}"),
-    "flipped-small-file": ("flip", lambda files: "tokenizer.json",
-                           lambda data: f"git blob sha1 {git_blob_id(flipped(data))[:12]}... differs from the hub's "
-                                        f"{git_blob_id(data)[:12]}"),
-    "truncated-shard": ("truncate", lambda files: shards(files)[0],
-                        lambda data: f"it has {len(data) // 2} bytes where the hub lists {len(data)}"),
+    "flipped-shard": (
+        "flip",
+        lambda files: shards(files)[-1],
+        lambda data: f"sha256 {sha256(flipped(data))[:12]}... differs from the hub's {sha256(data)[:12]}",
+    ),
+    "flipped-small-file": (
+        "flip",
+        lambda files: "tokenizer.json",
+        lambda data: (
+            f"git blob sha1 {git_blob_id(flipped(data))[:12]}... differs from the hub's {git_blob_id(data)[:12]}"
+        ),
+    ),
+    "truncated-shard": (
+        "truncate",
+        lambda files: shards(files)[0],
+        lambda data: f"it has {len(data) // 2} bytes where the hub lists {len(data)}",
+    ),
 }
 
 
 def flipped(data: bytes) -> bytes:
     middle = len(data) // 2
-    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
@@ -178,11 +196,18 @@ def test_corrupt_file_refused_and_not_trusted_by_the_rerun(work, hub, tiny_files
     assert len(hub.resolves("GET", "config.json")) == 1  # while a good file was not
 
 
-@pytest.mark.parametrize("name, content, fragment", [
-    ("config.json", b'{"text_config": {"hidden_size": 128,', "config.json is not valid JSON"),
-    ("config.json", b'{"text_config": {"hidden_size": 128}}', "max_position_embeddings None is not a positive integer"),
-    ("tokenizer_config.json", b"{not json", "tokenizer_config.json is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name, content, fragment",
+    [
+        ("config.json", b'{"text_config": {"hidden_size": 128,', "config.json is not valid JSON"),
+        (
+            "config.json",
+            b'{"text_config": {"hidden_size": 128}}',
+            "max_position_embeddings None is not a positive integer",
+        ),
+        ("tokenizer_config.json", b"{not json", "tokenizer_config.json is not valid JSON"),
+    ],
+)
 def test_unreadable_snapshot_json_refused_by_fetch(work, tiny_files, name, content, fragment):
     """Issue 15 case 6: the hub's config.json or tokenizer config does not parse (the hub's listing
     agrees with the bytes, so the download itself is sound). The fetch stage refuses it in one line,
@@ -207,8 +232,11 @@ def test_no_room_refused_before_any_download(work, hub, tiny_files):
     hub.sizes[shards(files)[0]] = huge
     line = assert_one_line_error(run_fetch(work, hub), f"for {repo}@{REVISION[:12]}", "free space or move the cache")
     free = shutil.disk_usage(work).free / 1e9
-    m = re.search(r"fetch needs ([\d.]+) GB free .*\(([\d.]+) GB of .* left to download, ([\d.]+) GB margin\), "
-                  r"(\S+) has ([\d.]+) GB", line)
+    m = re.search(
+        r"fetch needs ([\d.]+) GB free .*\(([\d.]+) GB of .* left to download, ([\d.]+) GB margin\), "
+        r"(\S+) has ([\d.]+) GB",
+        line,
+    )
     assert m, line
     needs, left, margin, where, has = float(m[1]), float(m[2]), float(m[3]), m[4], float(m[5])
     expected_left = (huge + sum(len(d) for n, d in wanted(files).items() if n != shards(files)[0])) / 1e9
@@ -226,8 +254,10 @@ def test_bytes_left_counts_files_a_kept_partial_dir_already_holds(tmp_path):
 
     shard, config = b"s" * 1000, b"{}"
     sha = sha256(shard)
-    listed = {"model.safetensors": RepoSibling("model.safetensors", 1000, "x" * 40, BlobLfsInfo(1000, sha, 134)),
-              "config.json": RepoSibling("config.json", 2, git_blob_id(config))}
+    listed = {
+        "model.safetensors": RepoSibling("model.safetensors", 1000, "x" * 40, BlobLfsInfo(1000, sha, 134)),
+        "config.json": RepoSibling("config.json", 2, git_blob_id(config)),
+    }
     storage = tmp_path / "models--org--name"
     assert bytes_left(storage, REVISION, listed) == 1002
     (storage / "blobs").mkdir(parents=True)

@@ -1,15 +1,16 @@
 """Shared-state pairs in torch: chaining with a padded prefix, state reuse, the state against
 transformers' cache, and the host's refusals (wrong scale, wrong shape, too long)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from scripts import clef_qwen35_patch as P
-from scripts import compare, pair_check, pair_graph
-from scripts.clef_host import Host, PairRunner, PairState
-from scripts.errors import ClefError
-from scripts.row_graph import ClefRowPrefill
+from scripts.checks import compare, pair_check
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host, PairRunner, PairState
+from scripts.qwen35.row_graph import ClefRowPrefill
 
 FORM = "R64+sp+ec+dd+vs6"
 PRE, SUF = 64, 16
@@ -17,7 +18,7 @@ PRE, SUF = 64, 16
 
 @pytest.fixture(scope="module")
 def setup(tiny_snapshot):
-    model, _, _ = P.load(tiny_snapshot, FORM, progress=False)
+    model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     host = Host(tiny_snapshot)
     runner = make_runner(model, host, FORM)
     return model, host, runner
@@ -30,17 +31,26 @@ def make_runner(model, host, form):
         def call(**inputs):
             with torch.no_grad():
                 return dict(module(**inputs))
+
         return call
 
-    return PairRunner(host, fn(pair_graph.PairPrefix(model, PRE).eval()), fn(pair_graph.PairSuffix(model, PRE, SUF).eval()),
-                      PRE, SUF, form, shapes)
+    return PairRunner(
+        host,
+        fn(pair_graph.PairPrefix(model, PRE).eval()),
+        fn(pair_graph.PairSuffix(model, PRE, SUF).eval()),
+        PRE,
+        SUF,
+        form,
+        shapes,
+    )
 
 
 def test_chaining_matches_the_row_including_padded_prefixes(setup):
     """Suffix and prefix hidden against the row, global and per position; the controls break the bound."""
     model, _, runner = setup
-    rows = pair_check.chaining(runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3,
-                               pad_guard_control=True)
+    rows = pair_check.chaining(
+        runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3, pad_guard_control=True
+    )
     chained = [r for r in rows if r["check"] == "chaining"]
     assert {(r["p"], r["s"]) for r in chained} == {(1, 1), (1, SUF), (32, 1), (32, SUF), (64, 1), (64, SUF)}
     assert {r["p"] for r in rows if r["check"] == "prefix_hidden"} == {1, 32, 64}

@@ -1,6 +1,7 @@
-"""scripts/params.py: the one schema of params.yaml. The committed file passes; each bad edit the
+"""scripts/pipeline/params.py: the one schema of params.yaml. The committed file passes; each bad edit the
 pipeline test feeds to `dvc repro` (tests/test_dvc_pipeline.py BAD_PARAMS) is refused here too, in one
 line, without DVC; and the rules that need the snapshot (check_context) see the model's context."""
+
 from __future__ import annotations
 
 import copy
@@ -8,8 +9,8 @@ import copy
 import pytest
 import yaml
 
-from scripts import params
-from scripts.errors import ClefError
+from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
 from tests.conftest import ROOT
 from tests.test_dvc_pipeline import BAD_PARAMS
 
@@ -41,22 +42,31 @@ def test_each_bad_edit_refused_in_one_line(case):
     assert fragment in said and "\n" not in said, said
 
 
-@pytest.mark.parametrize("edit, fragment", [
-    (lambda p: p.pop("verify_gpu"), "missing section `verify_gpu`"),
-    (lambda p: p["verify_tflite"].pop("latency_repeats"), "verify_tflite.latency_repeats is missing"),
-    (lambda p: p["release"].update(signing="x"), "unknown key release.signing; known keys: host_weights"),
-    (lambda p: p.update(stack=[1.15]), "`stack` must be a mapping with rss_factor, rss_overhead_gib"),
-    (lambda p: p["stack"].update(rss_overhead_gib=-1), "stack.rss_overhead_gib -1 is not a number >= 0"),
-    (lambda p: p["verify_kernel"].update(forms=["R64", "R7"]), "verify_kernel.forms: form 'R7': chunk 7"),
-    (lambda p: p["verify_kernel"].update(forms="R64"), "verify_kernel.forms must be a list of kernel forms"),
-    (lambda p: p["kernel_bench"].update(heads=True), "kernel_bench.heads True is not an integer >= 1"),
-    (lambda p: p["kernel_bench"].update(lengths=[64, 64]), "kernel_bench.lengths [64, 64] repeat a value"),
-    (lambda p: p.update(lengths=[]), "lengths must be a non-empty list"),
-    (lambda p: p["verify_gpu"].update(fp16_max_over_floor=float("inf")), "fp16_max_over_floor inf is not a positive"),
-    (lambda p: p["model"].update(source="synthetic", synthetic_layers=0), "model.synthetic_layers 0 is not an integer >= 1"),
-    (lambda p: p["model"].update(revision="F0B7D3CD65296ABFE459E6C228B618F5D8B26D2F"), "40-hex"),
-    (lambda p: p["pairs"].append({"prefix": 64, "suffix": 64}), "is listed twice"),
-])
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda p: p.pop("verify_gpu"), "missing section `verify_gpu`"),
+        (lambda p: p["verify_tflite"].pop("latency_repeats"), "verify_tflite.latency_repeats is missing"),
+        (lambda p: p["release"].update(signing="x"), "unknown key release.signing; known keys: host_weights"),
+        (lambda p: p.update(stack=[1.15]), "`stack` must be a mapping with rss_factor, rss_overhead_gib"),
+        (lambda p: p["stack"].update(rss_overhead_gib=-1), "stack.rss_overhead_gib -1 is not a number >= 0"),
+        (lambda p: p["verify_kernel"].update(forms=["R64", "R7"]), "verify_kernel.forms: form 'R7': chunk 7"),
+        (lambda p: p["verify_kernel"].update(forms="R64"), "verify_kernel.forms must be a list of kernel forms"),
+        (lambda p: p["kernel_bench"].update(heads=True), "kernel_bench.heads True is not an integer >= 1"),
+        (lambda p: p["kernel_bench"].update(lengths=[64, 64]), "kernel_bench.lengths [64, 64] repeat a value"),
+        (lambda p: p.update(lengths=[]), "lengths must be a non-empty list"),
+        (
+            lambda p: p["verify_gpu"].update(fp16_max_over_floor=float("inf")),
+            "fp16_max_over_floor inf is not a positive",
+        ),
+        (
+            lambda p: p["model"].update(source="synthetic", synthetic_layers=0),
+            "model.synthetic_layers 0 is not an integer >= 1",
+        ),
+        (lambda p: p["model"].update(revision="F0B7D3CD65296ABFE459E6C228B618F5D8B26D2F"), "40-hex"),
+        (lambda p: p["pairs"].append({"prefix": 64, "suffix": 64}), "is listed twice"),
+    ],
+)
 def test_schema_rules(edit, fragment):
     p = copy.deepcopy(COMMITTED)
     edit(p)

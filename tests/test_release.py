@@ -1,6 +1,7 @@
 """The release package and the `clef` command: hashes catch a changed byte, a missing and an extra
 file; the tarball is byte-reproducible; `clef verify`, `audit` and `run` work on the release the
 session's pipeline built, and refuse bad input with one line."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts import atomic, params, release
-from scripts.errors import ClefError
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic, params
+from scripts.pipeline.errors import ClefError
+from scripts.release import builder, reader
 from tests.conftest import assert_one_line_error, clef, run_stage, tool_env
 
 
@@ -24,45 +27,52 @@ def small_release(root: Path) -> dict:
     (root / "rows" / "a.tflite").write_bytes(bytes(range(256)) * 4)
     (root / "host").mkdir()
     (root / "host" / "config.json").write_text("{}")
-    manifest = {"format": release.FORMAT, "files": release.file_table(root)}
-    atomic.write_json(root / release.MANIFEST, manifest)
+    manifest = {"format": reader.FORMAT, "files": builder.file_table(root)}
+    atomic.write_json(root / reader.MANIFEST, manifest)
     return manifest
 
 
 def test_check_files_passes_an_untouched_release(tmp_path):
     manifest = small_release(tmp_path)
     assert set(manifest["files"]) == {"rows/a.tflite", "host/config.json"}
-    assert release.check_files(tmp_path, release.load_manifest(tmp_path)) == []
+    assert reader.check_files(tmp_path, reader.load_manifest(tmp_path)) == []
 
 
-@pytest.mark.parametrize("tamper, expected", [
-    (lambda r: r.joinpath("rows/a.tflite").write_bytes(bytes([1]) + r.joinpath("rows/a.tflite").read_bytes()[1:]),
-     "changed file: rows/a.tflite"),
-    (lambda r: r.joinpath("host/config.json").unlink(), "missing file: host/config.json"),
-    (lambda r: r.joinpath("host/notes.txt").write_text("x"), "extra file: host/notes.txt"),
-])
+@pytest.mark.parametrize(
+    "tamper, expected",
+    [
+        (
+            lambda r: r.joinpath("rows/a.tflite").write_bytes(
+                bytes([1]) + r.joinpath("rows/a.tflite").read_bytes()[1:]
+            ),
+            "changed file: rows/a.tflite",
+        ),
+        (lambda r: r.joinpath("host/config.json").unlink(), "missing file: host/config.json"),
+        (lambda r: r.joinpath("host/notes.txt").write_text("x"), "extra file: host/notes.txt"),
+    ],
+)
 def test_check_files_names_the_tampered_file(tmp_path, tamper, expected):
     manifest = small_release(tmp_path)
     tamper(tmp_path)
-    problems = release.check_files(tmp_path, manifest)
+    problems = reader.check_files(tmp_path, manifest)
     assert len(problems) == 1 and problems[0].startswith(expected), problems
 
 
 def test_load_manifest_refuses_what_is_not_a_release(tmp_path):
     with pytest.raises(ClefError, match="no manifest.json"):
-        release.load_manifest(tmp_path)
-    (tmp_path / release.MANIFEST).write_text('{"format": "something-else"}')
+        reader.load_manifest(tmp_path)
+    (tmp_path / reader.MANIFEST).write_text('{"format": "something-else"}')
     with pytest.raises(ClefError, match="format 'something-else'"):
-        release.load_manifest(tmp_path)
+        reader.load_manifest(tmp_path)
 
 
 def test_tarball_is_byte_reproducible(tmp_path):
     import tarfile
 
     small_release(tmp_path / "r")
-    release.write_tarball(tmp_path / "r", tmp_path / "one.tar.gz", "top")
+    builder.write_tarball(tmp_path / "r", tmp_path / "one.tar.gz", "top")
     (tmp_path / "r" / "rows" / "a.tflite").touch()  # a new mtime changes nothing
-    release.write_tarball(tmp_path / "r", tmp_path / "two.tar.gz", "top")
+    builder.write_tarball(tmp_path / "r", tmp_path / "two.tar.gz", "top")
     assert (tmp_path / "one.tar.gz").read_bytes() == (tmp_path / "two.tar.gz").read_bytes()
     with tarfile.open(tmp_path / "one.tar.gz") as tar:
         names = tar.getnames()
@@ -71,11 +81,19 @@ def test_tarball_is_byte_reproducible(tmp_path):
 
 
 def test_signatures_take_shapes_from_the_file_and_meaning_from_the_contract():
-    census = {"signatures": {"serving_default": {"inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
-                                                 "outputs": [{"name": "hidden", "shape": [1, 4], "dtype": "float32"}]}}}
-    contract = {"inputs": [{"name": "x", "shape": [1, 999], "meaning": "the input"}],
-                "outputs": [{"name": "hidden", "meaning": "the output"}]}
-    sig = release.signatures(census, contract)["serving_default"]
+    census = {
+        "signatures": {
+            "serving_default": {
+                "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
+                "outputs": [{"name": "hidden", "shape": [1, 4], "dtype": "float32"}],
+            }
+        }
+    }
+    contract = {
+        "inputs": [{"name": "x", "shape": [1, 999], "meaning": "the input"}],
+        "outputs": [{"name": "hidden", "meaning": "the output"}],
+    }
+    sig = builder.signatures(census, contract)["serving_default"]
     assert sig["inputs"] == [{"name": "x", "shape": [1, 4], "dtype": "float32", "meaning": "the input"}]
     assert sig["outputs"][0]["meaning"] == "the output"
 
@@ -84,25 +102,29 @@ def test_lock_stages_reads_every_stage_but_the_release(tmp_path):
     (tmp_path / "dvc.lock").write_text(
         "schema: '2.0'\nstages:\n  export@64:\n    cmd: python -m stages.export --length 64\n"
         "    deps:\n    - path: hf\n      md5: aaa.dir\n    outs:\n    - path: artifacts/rows/row_L64.tflite\n"
-        "      md5: bbb\n  release:\n    cmd: python -m stages.release\n")
-    stages = release.lock_stages(tmp_path / "dvc.lock")
+        "      md5: bbb\n  release:\n    cmd: python -m stages.release\n"
+    )
+    stages = builder.lock_stages(tmp_path / "dvc.lock")
     assert list(stages) == ["export@64"]
     assert stages["export@64"]["outs"] == {"artifacts/rows/row_L64.tflite": "bbb"}
-    assert release.lock_stages(tmp_path / "absent.lock") == {}
+    assert builder.lock_stages(tmp_path / "absent.lock") == {}
 
 
 def test_tensor_hash_is_dtype_exact():
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    assert release.tensor_sha256(t.to(torch.bfloat16)) != release.tensor_sha256(t)
-    assert release.tensor_sha256(t.to(torch.bfloat16)) == release.tensor_sha256(t.clone().to(torch.bfloat16))
+    assert reader.tensor_sha256(t.to(torch.bfloat16)) != reader.tensor_sha256(t)
+    assert reader.tensor_sha256(t.to(torch.bfloat16)) == reader.tensor_sha256(t.clone().to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("pairs, fragment", [
-    ("x", "must be a list"),
-    ([{"prefix": 64}], "exactly prefix and suffix"),
-    ([{"prefix": 0, "suffix": 64}], "prefix is not a positive integer"),
-    ([{"prefix": 64, "suffix": 64}, {"prefix": 64, "suffix": 64}], "listed twice"),
-])
+@pytest.mark.parametrize(
+    "pairs, fragment",
+    [
+        ("x", "must be a list"),
+        ([{"prefix": 64}], "exactly prefix and suffix"),
+        ([{"prefix": 0, "suffix": 64}], "prefix is not a positive integer"),
+        ([{"prefix": 64, "suffix": 64}, {"prefix": 64, "suffix": 64}], "listed twice"),
+    ],
+)
 def test_check_pairs(pairs, fragment):
     with pytest.raises(ClefError, match=fragment):
         params.check_section({"pairs": pairs}, "pairs")
@@ -122,6 +144,7 @@ def test_release_stage_refuses_an_unknown_host_weights_mode(workdir):
 
 # ---- the release the session's pipeline built ----------------------------------------------------
 
+
 @pytest.fixture
 def built(pipeline) -> Path:
     return pipeline["repo"] / "artifacts" / "release"
@@ -137,7 +160,7 @@ def release_copy(built, tmp_path) -> Path:
 
 
 def test_make_release_output(pipeline, built):
-    manifest = release.load_manifest(built)
+    manifest = reader.load_manifest(built)
     p = params.load(path=pipeline["repo"] / "params.yaml")
     rows = {a["L"] for a in manifest["artifacts"].values() if a["kind"] == "row"}
     pairs = {(a["P"], a["S"]) for a in manifest["artifacts"].values() if a["kind"] == "pair"}
@@ -146,8 +169,9 @@ def test_make_release_output(pipeline, built):
     assert manifest["git"]["clean"] is True and len(manifest["git"]["commit"]) == 40
     snap = json.loads((pipeline["repo"] / "results/snapshot.json").read_text())
     assert manifest["model"]["revision"] == snap["revision"]
-    assert {f: e["sha256"] for f, e in manifest["model"]["snapshot_files"].items()} == \
-        {e["name"]: e["sha256"] for e in snap["files"]}
+    assert {f: e["sha256"] for f, e in manifest["model"]["snapshot_files"].items()} == {
+        e["name"]: e["sha256"] for e in snap["files"]
+    }
     for path, art in manifest["artifacts"].items():
         assert art["dvc_lock"]["md5"] == art["md5"], f"{path}: dvc.lock and the packaged file disagree"
         ref = art["reference"]
@@ -156,8 +180,8 @@ def test_make_release_output(pipeline, built):
             assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])
     assert {"fetch", "stack", "verify_kernel", "export_stock"} <= set(manifest["stages"])
     assert all(stage["deps"] or stage["outs"] for stage in manifest["stages"].values())
-    assert manifest["host"]["weights"] == "include" and (built / release.HOST_WEIGHTS).is_file()
-    assert (built / "host" / "tokenizer.json").is_file() and (built / release.CARD).is_file()
+    assert manifest["host"]["weights"] == "include" and (built / reader.HOST_WEIGHTS).is_file()
+    assert (built / "host" / "tokenizer.json").is_file() and (built / reader.CARD).is_file()
     tarballs = list((built.parent / "dist").glob("*.tar.gz"))
     assert [t.name for t in tarballs] == [f"{manifest['name']}.tar.gz"]
     assert snap["revision"][:12] in manifest["name"] and p["form"] in manifest["name"]
@@ -166,14 +190,14 @@ def test_make_release_output(pipeline, built):
 def test_clef_verify_passes_on_the_release(built):
     proc = clef(built.parent, "verify", str(built))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    manifest = release.load_manifest(built)
+    manifest = reader.load_manifest(built)
     for path in manifest["artifacts"]:
         assert f"ok   {path}" in proc.stdout
     assert "all checks passed" in proc.stdout and f"[{len(manifest['artifacts'])}/" in proc.stderr  # progress
 
 
 def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built):
-    manifest = release.load_manifest(built)
+    manifest = reader.load_manifest(built)
     for path, art in manifest["artifacts"].items():
         g = art["gpu"]
         assert g["fully_accelerated"] and g["all_finite"] and g["device"]["adapter"], path
@@ -182,15 +206,22 @@ def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for path in manifest["artifacts"]:
         for mode in ("fp32", "fp16"):
-            assert re.search(rf"ok   {re.escape(path)}: GPU {mode} on .+: max rel", proc.stdout), (path, mode, proc.stdout)
+            assert re.search(rf"ok   {re.escape(path)}: GPU {mode} on .+: max rel", proc.stdout), (
+                path,
+                mode,
+                proc.stdout,
+            )
     assert "DestroyAccelerator" not in proc.stderr, "the runtime's teardown log leaks after clef's output"
 
 
-@pytest.mark.parametrize("tamper, named", [
-    ("byte", "changed file: rows/row_L64.tflite"),
-    ("missing", "missing file: checks/pair_P64_S64.safetensors"),
-    ("extra", "extra file: host/notes.txt"),
-])
+@pytest.mark.parametrize(
+    "tamper, named",
+    [
+        ("byte", "changed file: rows/row_L64.tflite"),
+        ("missing", "missing file: checks/pair_P64_S64.safetensors"),
+        ("extra", "extra file: host/notes.txt"),
+    ],
+)
 def test_clef_verify_names_a_tampered_file(release_copy, tamper, named):
     if tamper == "byte":
         f = release_copy / "rows" / "row_L64.tflite"
@@ -205,19 +236,26 @@ def test_clef_verify_names_a_tampered_file(release_copy, tamper, named):
     assert proc.returncode == 1 and f"FAIL {named}" in proc.stdout, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("where, path, named", [
-    ("artifact", "/abs/row_L64.tflite", "manifest graph path '/abs/row_L64.tflite' is absolute"),
-    ("artifact", "../elsewhere/row_L64.tflite", "climbs out with '..'"),
-    ("reference", "../other/checks/row_L64.safetensors", "manifest reference record path '../other/checks/row_L64.safetensors' climbs out"),
-    ("reference", "/etc/passwd", "manifest reference record path '/etc/passwd' is absolute"),
-    ("file", "../outside.txt", "manifest path '../outside.txt' climbs out"),
-    ("symlink", "rows/link.tflite", "manifest graph path 'rows/link.tflite' leaves the release through a symlink"),
-    ("unlisted", "rows/row_L64.tflite", "is not listed in `files`"),
-])
+@pytest.mark.parametrize(
+    "where, path, named",
+    [
+        ("artifact", "/abs/row_L64.tflite", "manifest graph path '/abs/row_L64.tflite' is absolute"),
+        ("artifact", "../elsewhere/row_L64.tflite", "climbs out with '..'"),
+        (
+            "reference",
+            "../other/checks/row_L64.safetensors",
+            "manifest reference record path '../other/checks/row_L64.safetensors' climbs out",
+        ),
+        ("reference", "/etc/passwd", "manifest reference record path '/etc/passwd' is absolute"),
+        ("file", "../outside.txt", "manifest path '../outside.txt' climbs out"),
+        ("symlink", "rows/link.tflite", "manifest graph path 'rows/link.tflite' leaves the release through a symlink"),
+        ("unlisted", "rows/row_L64.tflite", "is not listed in `files`"),
+    ],
+)
 def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, where, path, named):
     """Every manifest path must be relative, inside the release and hashed: checked before any file is
     hashed or any graph loaded (a graph outside, not hashed, would otherwise run instead of the real one)."""
-    manifest = json.loads((release_copy / release.MANIFEST).read_text())
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
     arts = manifest["artifacts"]
     if where == "artifact":
         arts[path] = arts.pop("rows/row_L64.tflite")
@@ -229,11 +267,11 @@ def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, w
         outside = tmp_path / "outside.tflite"
         outside.write_bytes((release_copy / "rows/row_L64.tflite").read_bytes())
         (release_copy / path).symlink_to(outside)
-        manifest["files"][path] = {"sha256": release.sha256_file(outside), "size": outside.stat().st_size}
+        manifest["files"][path] = {"sha256": snapshot.sha256_file(outside), "size": outside.stat().st_size}
         arts[path] = arts.pop("rows/row_L64.tflite")
     else:
         del manifest["files"][path]
-    atomic.write_json(release_copy / release.MANIFEST, manifest)
+    atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
     assert proc.returncode == 1 and "FAIL manifest" in proc.stdout and named in proc.stdout, proc.stdout
     assert "hashing" not in proc.stderr and "reference record in the interpreter" not in proc.stderr, proc.stderr
@@ -257,16 +295,16 @@ def test_clef_verify_runs_the_reference_records(release_copy):
     record = load_file(str(ref))
     record["expected"] = record["expected"] * 1.01
     save_file(record, str(ref))
-    manifest = json.loads((release_copy / release.MANIFEST).read_text())
-    manifest["files"]["checks/row_L64.safetensors"] = {"sha256": release.sha256_file(ref), "size": ref.stat().st_size}
-    atomic.write_json(release_copy / release.MANIFEST, manifest)
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
+    manifest["files"]["checks/row_L64.safetensors"] = {"sha256": snapshot.sha256_file(ref), "size": ref.stat().st_size}
+    atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
     assert proc.returncode == 1 and "FAIL rows/row_L64.tflite: max rel" in proc.stdout, proc.stdout
 
 
 def test_clef_audit_names_revision_and_form(pipeline, built):
-    manifest = release.load_manifest(built)
-    for path, art in manifest["artifacts"].items():
+    manifest = reader.load_manifest(built)
+    for path, _art in manifest["artifacts"].items():
         proc = clef(built, "audit", path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert manifest["model"]["revision"] in proc.stdout and f"form {manifest['form']}" in proc.stdout
@@ -277,9 +315,9 @@ def test_clef_audit_names_revision_and_form(pipeline, built):
 
 
 def test_clef_audit_reports_a_manifest_that_disagrees(release_copy):
-    manifest = json.loads((release_copy / release.MANIFEST).read_text())
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
     manifest["form"] = "R32+sp+ec+dd+vs6"
-    atomic.write_json(release_copy / release.MANIFEST, manifest)
+    atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy, "audit", "rows/row_L64.tflite")
     assert proc.returncode == 1 and "DISAGREES" in proc.stdout and "form is" in proc.stdout, proc.stdout
 
@@ -289,50 +327,72 @@ def test_clef_run_row_and_pair(built):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rows/row_L64.tflite" in proc.stdout and "all finite: True" in proc.stdout
     assert proc.stdout.count(") ") >= 3  # three top tokens with their ids
-    pair = clef(built.parent, "run", "--release", str(built), "--pair", "--text", "the shared context",
-                "--question", "first?", "--question", "second?")
+    pair = clef(
+        built.parent,
+        "run",
+        "--release",
+        str(built),
+        "--pair",
+        "--text",
+        "the shared context",
+        "--question",
+        "first?",
+        "--question",
+        "second?",
+    )
     assert pair.returncode == 0, pair.stdout + pair.stderr
     assert "pairs/pair_P64_S64.tflite" in pair.stdout and pair.stdout.count("top lm_head tokens") == 2
 
 
 def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
     """What `clef run` computes from the release's host files is what the pipeline's torch graph gives."""
-    from scripts import clef_qwen35_patch, row_graph
-    from scripts.clef_host import Host, litert_signature
-    from scripts.tflite_check import interpreter
+    from scripts.checks.tflite_check import interpreter
+    from scripts.qwen35 import patch, row_graph
+    from scripts.qwen35.host import Host, litert_signature
 
-    manifest = release.load_manifest(built)
+    manifest = reader.load_manifest(built)
     host = Host(built / "host")
     ref_host = Host(tiny_snapshot)
     ids = host.encode("a decision to make")
     assert ids == ref_host.encode("a decision to make")
     record = host.record(ids, 64)
     assert all(torch.equal(record[k], ref_host.record(ids, 64)[k]) for k in record)
-    model, _, _ = clef_qwen35_patch.load(tiny_snapshot, manifest["form"], progress=False)
+    model, _, _ = patch.load(tiny_snapshot, manifest["form"], progress=False)
     with torch.no_grad():
-        ref = row_graph.ClefRowPrefill(model, 64)(**record)["hidden"][0, :len(ids)]
+        ref = row_graph.ClefRowPrefill(model, 64)(**record)["hidden"][0, : len(ids)]
     out = litert_signature(interpreter(built / "rows/row_L64.tflite").get_signature_runner())(**record)["hidden"]
-    from scripts import compare, params
+    from scripts.checks import compare
+    from scripts.pipeline import params
 
     bounds = params.bounds(manifest["params"], "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
-    assert compare.judge([compare.figures("vs_torch", out[0, :len(ids)], ref)], bounds) == []
+    assert compare.judge([compare.figures("vs_torch", out[0, : len(ids)], ref)], bounds) == []
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["verify", "no/such/dir"], "not a directory"),
-    (["audit", "params.yaml"], "not a readable .tflite"),
-    (["run", "--release", "artifacts/release", "--text", " ".join(str(i) for i in range(400))], "no row graph in this release is large enough"),
-    (["run", "--release", "artifacts/release", "--pair", "--text", "context"], "--pair needs at least one --question"),
-    (["run", "--release", "artifacts/rows", "--text", "x"], "is not a release: no manifest.json"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["verify", "no/such/dir"], "not a directory"),
+        (["audit", "params.yaml"], "not a readable .tflite"),
+        (
+            ["run", "--release", "artifacts/release", "--text", " ".join(str(i) for i in range(400))],
+            "no row graph in this release is large enough",
+        ),
+        (
+            ["run", "--release", "artifacts/release", "--pair", "--text", "context"],
+            "--pair needs at least one --question",
+        ),
+        (["run", "--release", "artifacts/rows", "--text", "x"], "is not a release: no manifest.json"),
+    ],
+)
 def test_clef_refuses_bad_input_with_one_line(pipeline, args, fragment):
     proc = clef(pipeline["repo"], *args)
     assert_one_line_error(proc, fragment)
 
 
 def test_clef_runs_as_a_module(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "clef", "--help"], cwd=tmp_path, env=tool_env(),
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "clef", "--help"], cwd=tmp_path, env=tool_env(), capture_output=True, text=True
+    )
     assert proc.returncode == 0 and "verify" in proc.stdout and "audit" in proc.stdout
 
 

@@ -1,4 +1,5 @@
 """The patched stack and its row graph: the export graph's rules, the twin, and the pieces that make it."""
+
 from __future__ import annotations
 
 import copy
@@ -7,23 +8,24 @@ import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 
-from scripts import clef_qwen35_patch as P
-from scripts import compare, model_check, params
-from scripts.clef_host import Host
-from scripts.row_graph import ClefRowPrefill, causal_constant
+from scripts.checks import compare, model_check
+from scripts.pipeline import params
+from scripts.qwen35 import patch
+from scripts.qwen35.host import Host
+from scripts.qwen35.row_graph import ClefRowPrefill, causal_constant
 from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
 def patched(tiny_snapshot):
-    model, _, applied = P.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
+    model, _, applied = patch.load(tiny_snapshot, "R64+sp+ec+dd+vs6", progress=False)
     return model, applied
 
 
 def test_interleave_is_repeat_interleave():
     x = torch.randn(1, 7, 3, 5)
-    assert torch.equal(P.interleave_heads(x, 2), x.repeat_interleave(2, dim=2))
-    assert torch.equal(P.interleave_heads(x, 4), x.repeat_interleave(4, dim=2))
+    assert torch.equal(patch.interleave_heads(x, 2), x.repeat_interleave(2, dim=2))
+    assert torch.equal(patch.interleave_heads(x, 4), x.repeat_interleave(4, dim=2))
 
 
 def test_clef_eager_attention_is_stock_eager():
@@ -33,28 +35,28 @@ def test_clef_eager_attention_is_stock_eager():
 
     q, k, v = torch.randn(1, 8, 10, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
     mask = causal_constant(10)
-    ours, _ = P.clef_eager_attention(Holder(), q, k, v, mask, scaling=0.25)
+    ours, _ = patch.clef_eager_attention(Holder(), q, k, v, mask, scaling=0.25)
     stock, _ = M.eager_attention_forward(Holder(), q, k, v, mask, scaling=0.25)
     assert torch.allclose(ours, stock, atol=1e-6)
 
 
 def test_patch_switches_classes_not_weights(patched):
     model, applied = patched
-    assert type(model) is P.ClefTextModel
-    gdn = [l.linear_attn for l in model.layers if l.block_type == "linear_attention"]
-    assert gdn and all(type(m) is P.ClefGatedDeltaNet for m in gdn)
-    assert model.config._attn_implementation == P.ATTENTION
+    assert type(model) is patch.ClefTextModel
+    gdn = [layer.linear_attn for layer in model.layers if layer.block_type == "linear_attention"]
+    assert gdn and all(type(m) is patch.ClefGatedDeltaNet for m in gdn)
+    assert model.config._attn_implementation == patch.ATTENTION
     assert applied["softplus"] == "safe" and applied["layers"] == len(gdn)
 
 
 def test_stock_twin_shares_storage(patched):
     model, _ = patched
-    twin = P.stock_twin(model)
+    twin = patch.stock_twin(model)
     ours = dict(model.named_parameters())
     for name, p in twin.named_parameters():
         assert p.data_ptr() == ours[name].data_ptr(), name
     assert type(twin) is M.Qwen3_5TextModel and twin.config._attn_implementation == "sdpa"
-    assert model.config._attn_implementation == P.ATTENTION  # the twin's config is its own
+    assert model.config._attn_implementation == patch.ATTENTION  # the twin's config is its own
 
 
 def test_export_graph_is_rank4_without_int_arithmetic_or_runtime_ranges(patched, tiny_snapshot):
@@ -99,7 +101,7 @@ def test_pad_guard_keeps_the_state_at_the_last_real_token(patched):
     """The GatedDeltaNet's recurrent state after pads equals the state at the last real token
     (what the shared-state pairs rely on): pads carry zero k/v and unit decay."""
     model, _ = patched
-    layer = next(l.linear_attn for l in model.layers if l.block_type == "linear_attention")
+    layer = next(decoder.linear_attn for decoder in model.layers if decoder.block_type == "linear_attention")
     seen = []
     kernel = layer.chunk_gated_delta_rule
 
@@ -130,27 +132,38 @@ def test_rms_norm_is_the_stock_function_and_safe_in_fp16():
     with torch.no_grad():
         stock.weight.normal_(0.0, 0.1)
     ours = copy.deepcopy(stock)
-    ours.__class__ = P.ClefRMSNorm
+    ours.__class__ = patch.ClefRMSNorm
     x = torch.randn(3, 5, 64) * torch.tensor([0.01, 1.0, 100.0])[:, None, None]
     x[1, 2, 7] = 2000.0
     with torch.no_grad():
         # (forward casts to float32 even in a float64 module: the norms are compared directly)
-        assert compare.rel(P.ClefRMSNorm._norm(ours, x.double()), Qwen3_5RMSNorm._norm(stock, x.double())) < 1e-14
+        assert compare.rel(patch.ClefRMSNorm._norm(ours, x.double()), Qwen3_5RMSNorm._norm(stock, x.double())) < 1e-14
         assert compare.rel(ours(x), stock(x)) < 1e-6
         assert not ours(torch.zeros(1, 64)).any()  # a zeroed pad row stays zero, not NaN
         half = x.half()
         truth = stock._norm(x.double())
-        assert compare.figures("vs", P.ClefRMSNorm._norm(ours, half), truth)["rel_per_position_vs"] < 2e-3
+        assert compare.figures("vs", patch.ClefRMSNorm._norm(ours, half), truth)["rel_per_position_vs"] < 2e-3
         stock_half = compare.figures("vs", Qwen3_5RMSNorm._norm(stock, half), truth)
         assert stock_half["rel_per_position_vs"] > 0.5  # the control: the squares overflow
 
 
 def test_failures_name_the_row():
-    rows = [{"check": "vs_stock", "L": 64, "record": "padded", "rel_vs_stock_f64": 2e-4, "finite": True},
-            {"layer": 2, "seed": 5, "input_scale": 3.0, "rel_vs_stock_f64": 1e-6, "finite": False},
-            {"check": "vs_stock", "L": 128, "record": "full", "rel_vs_stock_f64": 1e-6, "finite": True,
-             "interleave_calls": 10, "interleave_calls_expected": 12}]
+    rows = [
+        {"check": "vs_stock", "L": 64, "record": "padded", "rel_vs_stock_f64": 2e-4, "finite": True},
+        {"layer": 2, "seed": 5, "input_scale": 3.0, "rel_vs_stock_f64": 1e-6, "finite": False},
+        {
+            "check": "vs_stock",
+            "L": 128,
+            "record": "full",
+            "rel_vs_stock_f64": 1e-6,
+            "finite": True,
+            "interleave_calls": 10,
+            "interleave_calls_expected": 12,
+        },
+    ]
     out = model_check.failures(rows, {"rel_vs_stock_f64": 1e-4})
-    assert out == ["check=vs_stock, L=64, record=padded: rel_vs_stock_f64 0.0002 > 0.0001",
-                   "layer=2, seed=5, input_scale=3.0: an output is not finite",
-                   "check=vs_stock, L=128, record=full: 10 interleave calls, expected 12"]
+    assert out == [
+        "check=vs_stock, L=64, record=padded: rel_vs_stock_f64 0.0002 > 0.0001",
+        "layer=2, seed=5, input_scale=3.0: an output is not finite",
+        "check=vs_stock, L=128, record=full: 10 interleave calls, expected 12",
+    ]

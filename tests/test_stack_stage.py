@@ -1,13 +1,14 @@
 """The stack stage: what it records, and every bad snapshot refused in one line before loading."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from safetensors.torch import load_file, save_file
 
-from scripts import atomic, snapshot
+from scripts.checkpoint import snapshot
+from scripts.pipeline import atomic
 from tests.conftest import assert_one_line_error, run_stage
 
 
@@ -19,8 +20,10 @@ def snapshot_path(workdir):
 def rerecord(workdir):
     """Record the snapshot as it now is, as if the fetch stage had written it so."""
     path, rec = snapshot_path(workdir)
-    atomic.write_json(workdir / "results" / "snapshot.json",
-                      snapshot.record(path, rec["source"], rec["repo"], rec["revision"], root=workdir))
+    atomic.write_json(
+        workdir / "results" / "snapshot.json",
+        snapshot.record(path, rec["source"], rec["repo"], rec["revision"], root=workdir),
+    )
 
 
 def test_records_the_stack(workdir):
@@ -63,7 +66,9 @@ def test_tensors_that_do_not_match_the_model(workdir):
     path, _ = snapshot_path(workdir)
     shard = path / "model-00002-of-00002.safetensors"
     tensors = load_file(str(shard))
-    old = next(k for k in sorted(tensors) if k.startswith("model.language_model.layers.") and k.endswith("up_proj.weight"))
+    old = next(
+        k for k in sorted(tensors) if k.startswith("model.language_model.layers.") and k.endswith("up_proj.weight")
+    )
     new = old.replace("up_proj", "up_projection")
     tensors[new] = tensors.pop(old)
     save_file(tensors, str(shard), metadata={"format": "pt"})
@@ -84,11 +89,14 @@ def test_pickle_checkpoint_refused(workdir):
 
 
 @pytest.mark.parametrize("stage", ["stack", "verify_kernel"])
-@pytest.mark.parametrize("content, fragment", [
-    (b'{"text_config": {"hidden_size": 128,', "config.json is not valid JSON"),
-    (b'[1, 2]', "config.json holds a list, not a JSON object"),
-    (b'{"architectures": ["X"]}', "config.json has no text_config object"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b'{"text_config": {"hidden_size": 128,', "config.json is not valid JSON"),
+        (b"[1, 2]", "config.json holds a list, not a JSON object"),
+        (b'{"architectures": ["X"]}', "config.json has no text_config object"),
+    ],
+)
 def test_unreadable_config_is_one_line(workdir, stage, content, fragment):
     """A snapshot whose config.json does not parse (its record updated to match): one line, no traceback."""
     path, _ = snapshot_path(workdir)
@@ -101,8 +109,8 @@ def test_unreadable_config_is_one_line(workdir, stage, content, fragment):
 def test_unreadable_tokenizer_config_is_one_line(tiny_snapshot, tmp_path):
     import shutil
 
-    from scripts.clef_host import Host
-    from scripts.errors import ClefError
+    from scripts.pipeline.errors import ClefError
+    from scripts.qwen35.host import Host
 
     copy = tmp_path / "snap"
     shutil.copytree(tiny_snapshot, copy)

@@ -2,14 +2,16 @@
 
 One decoder layer is written (a GatedDeltaNet one: ~0.4 GB of bf16); the widths are checked against
 the facts in DESIGN.md, not against the module's own constants."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from scripts import params, synthetic_checkpoint
-from scripts.errors import ClefError
+from scripts.checkpoint import synthetic_checkpoint
+from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_every_key_in_the_index_is_in_its_shard_as_bf16(one_layer):
         down = f.get_tensor("model.language_model.layers.0.mlp.down_proj.weight").float()
     assert down.shape == (4096, 12288)
     # std x sqrt(fan-in) is the tiny checkpoint's 0.2 x sqrt(128): outputs keep the tiny scale
-    assert abs(down.std().item() * 12288 ** 0.5 / synthetic_checkpoint.PROJECTION_GAIN - 1) < 0.01
+    assert abs(down.std().item() * 12288**0.5 / synthetic_checkpoint.PROJECTION_GAIN - 1) < 0.01
 
 
 def test_layer_pattern_and_full_size():
@@ -72,7 +74,8 @@ def test_gated_deltanet_keeps_memory_at_real_width(one_layer):
     64 tokens, the even ones. in_proj_a has its own std 0.3 / sqrt(fan-in), not the projections'."""
     from safetensors import safe_open
 
-    from scripts import text_stack, tiny_checkpoint
+    from scripts.checkpoint import tiny_checkpoint
+    from scripts.qwen35 import text_stack
     from tests.test_tiny_checkpoint import KEPT, chunk_survival, heads_keeping_memory, record_embeds
 
     target, _ = one_layer
@@ -81,7 +84,7 @@ def test_gated_deltanet_keeps_memory_at_real_width(one_layer):
     with safe_open(str(target / shard), framework="pt") as f:
         a = f.get_tensor(key).float()
     assert a.shape == (32, 4096)
-    assert abs(a.std().item() * 4096 ** 0.5 / tiny_checkpoint.IN_PROJ_A_GAIN - 1) < 0.05
+    assert abs(a.std().item() * 4096**0.5 / tiny_checkpoint.IN_PROJ_A_GAIN - 1) < 0.05
     model, _ = text_stack.load_text_stack(target, progress=False)
     _, embeds = record_embeds(target)
     survival = chunk_survival(model, embeds)

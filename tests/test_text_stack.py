@@ -1,4 +1,5 @@
 """The fp32 text stack loader: what it skips, what it yields, and that it is the stock model's stack."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import json
 import pytest
 import torch
 
-from scripts import text_stack
-from scripts.errors import ClefError
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import text_stack
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,10 @@ def test_structure_comes_from_the_config(stack, tiny_snapshot):
     cfg = json.loads((tiny_snapshot / "config.json").read_text())["text_config"]
     assert info["layers"] == cfg["num_hidden_layers"]
     assert info["attention_layers"] == [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
-    assert info["gdn_heads"]["k"] == cfg["linear_num_key_heads"] and info["gdn_heads"]["v"] == cfg["linear_num_value_heads"]
+    assert (
+        info["gdn_heads"]["k"] == cfg["linear_num_key_heads"]
+        and info["gdn_heads"]["v"] == cfg["linear_num_value_heads"]
+    )
     assert info["attention_heads"]["output_gate"] is True
 
 
@@ -55,6 +59,9 @@ def test_mismatched_tensors_name_first_missing_and_unexpected(tiny_snapshot):
     wmap = json.loads((tiny_snapshot / "model.safetensors.index.json").read_text())["weight_map"]
     moved = "model.language_model.layers.1.mlp.up_proj.weight"
     wmap["model.language_model.layers.1.mlp.up_proj_typo.weight"] = wmap.pop(moved)
-    with pytest.raises(ClefError, match=r"1 missing \(first: model\.language_model\.layers\.1\.mlp\.up_proj\.weight\), "
-                                        r"1 unexpected \(first: .*up_proj_typo\.weight\)"):
+    with pytest.raises(
+        ClefError,
+        match=r"1 missing \(first: model\.language_model\.layers\.1\.mlp\.up_proj\.weight\), "
+        r"1 unexpected \(first: .*up_proj_typo\.weight\)",
+    ):
         text_stack.keys_by_shard(model, wmap)

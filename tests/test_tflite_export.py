@@ -1,5 +1,6 @@
 """Export to LiteRT: the census catches what delegates reject, metadata survives a round trip,
 and bad requests are refused before any conversion, leaving nothing behind."""
+
 from __future__ import annotations
 
 import sys
@@ -8,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from scripts import clef_kernel, export, tflite_file
-from scripts.errors import ClefError
+from scripts.layers import gated_delta
+from scripts.litert import export, tflite_file
+from scripts.pipeline.errors import ClefError
 from tests.conftest import assert_one_line_error
 
 
@@ -124,16 +126,19 @@ def test_metadata_of_a_model_with_external_buffers(clean_model, tmp_path):
         tflite_file.with_metadata(src.read_bytes(), meta)
 
 
-@pytest.mark.parametrize("form, length, fragment", [
-    ("R64+sp+ec+dd+vs6", 0, "L=0 is not a positive integer"),
-    ("R64+sp+ec+dd+vs6", -64, "L=-64 is not a positive integer"),
-    ("R64+sp+ec+dd+vs6", 5000, "above the model's max_position_embeddings (4096)"),
-    ("loop+dd", 64, "loop inverse"),
-    ("R64+sp+ec+vs6", 64, "CUMSUM"),
-])
+@pytest.mark.parametrize(
+    "form, length, fragment",
+    [
+        ("R64+sp+ec+dd+vs6", 0, "L=0 is not a positive integer"),
+        ("R64+sp+ec+dd+vs6", -64, "L=-64 is not a positive integer"),
+        ("R64+sp+ec+dd+vs6", 5000, "above the model's max_position_embeddings (4096)"),
+        ("loop+dd", 64, "loop inverse"),
+        ("R64+sp+ec+vs6", 64, "CUMSUM"),
+    ],
+)
 def test_check_exportable(form, length, fragment):
     with pytest.raises(ClefError) as info:
-        export.check_exportable(clef_kernel.parse(form), length, 4096)
+        export.check_exportable(gated_delta.parse(form), length, 4096)
     assert fragment in str(info.value)
 
 
@@ -143,8 +148,13 @@ def test_export_stage_refuses_bad_length_before_converting(workdir, length, frag
 
     from tests.conftest import ROOT
 
-    proc = subprocess.run([sys.executable, "-m", "stages.export", "--length", length], cwd=workdir,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.export", "--length", length],
+        cwd=workdir,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
     assert_one_line_error(proc, fragment)
     assert not (workdir / "artifacts").exists()
 
@@ -161,3 +171,14 @@ def test_failed_conversion_leaves_no_tflite(workdir, monkeypatch):
     with pytest.raises(RuntimeError, match="midway"):
         export_stage.main()
     assert not list(workdir.rglob("*.tflite")) and not list(workdir.rglob("*.partial"))
+
+
+def test_metadata_mismatches_names_each_key_that_differs():
+    """The one identity check of a graph (verify_tflite, verify_pair, the release, clef verify and audit)."""
+    meta = {"revision": "a" * 40, "form": "R64+dd", "kind": "row", "L": 64}
+    assert tflite_file.metadata_mismatches(meta, {"form": "R64+dd", "L": 64}) == []
+    assert tflite_file.metadata_mismatches(meta, {"form": "R32+dd", "L": 64, "P": 8}) == [
+        "form is 'R64+dd', expected 'R32+dd'",
+        "P is None, expected 8",
+    ]
+    assert tflite_file.metadata_mismatches(None, {"L": 64}) == [f"no {tflite_file.METADATA_NAME} metadata entry"]

@@ -1,4 +1,5 @@
 """The embedded checkpoint: deterministic, clef-flash's structure, loadable by stock transformers."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,14 +8,16 @@ import json
 import pytest
 import torch
 
-from scripts import fetch, snapshot, tiny_checkpoint
+from scripts.checkpoint import fetch, snapshot, tiny_checkpoint
 
 
 def test_same_bytes_every_time(tiny_cache, tmp_path):
     """Two writes give the same revision and the same sha256 for every file."""
     _, rec = tiny_cache
     repo, revision = fetch.write_tiny(tmp_path / "hf")
-    again = snapshot.record(snapshot.snapshot_dir(tmp_path / "hf", repo, revision), "tiny", repo, revision, root=tmp_path)
+    again = snapshot.record(
+        snapshot.snapshot_dir(tmp_path / "hf", repo, revision), "tiny", repo, revision, root=tmp_path
+    )
     assert revision == rec["revision"]
     assert again["files"] == rec["files"]
     assert len(revision) == 40 and int(revision, 16) >= 0
@@ -37,9 +40,13 @@ def test_config_has_clef_flash_structure(tiny_snapshot):
     assert cfg.architectures == ["Qwen3_5ForConditionalGeneration"] and not cfg.tie_word_embeddings
     text = cfg.text_config
     assert text.num_hidden_layers >= 8
-    assert [i for i, t in enumerate(text.layer_types) if t == "full_attention"] == list(range(3, text.num_hidden_layers, 4))
+    assert [i for i, t in enumerate(text.layer_types) if t == "full_attention"] == list(
+        range(3, text.num_hidden_layers, 4)
+    )
     assert text.linear_num_value_heads == 2 * text.linear_num_key_heads
-    assert text.num_attention_heads % text.num_key_value_heads == 0 and text.num_key_value_heads < text.num_attention_heads
+    assert (
+        text.num_attention_heads % text.num_key_value_heads == 0 and text.num_key_value_heads < text.num_attention_heads
+    )
     rope = text.rope_parameters
     assert rope["partial_rotary_factor"] == 0.25 and rope["mrope_interleaved"] is True
     assert sum(rope["mrope_section"]) == int(text.head_dim * 0.25) // 2
@@ -63,8 +70,10 @@ def test_projection_weights_are_large(tiny_snapshot):
     from safetensors import safe_open
 
     wmap = json.loads((tiny_snapshot / "model.safetensors.index.json").read_text())["weight_map"]
-    for key in ("model.language_model.layers.0.linear_attn.in_proj_qkv.weight",
-                "model.language_model.layers.3.self_attn.q_proj.weight"):
+    for key in (
+        "model.language_model.layers.0.linear_attn.in_proj_qkv.weight",
+        "model.language_model.layers.3.self_attn.q_proj.weight",
+    ):
         with safe_open(str(tiny_snapshot / wmap[key]), framework="pt") as f:
             assert 0.15 < float(f.get_tensor(key).float().std()) < 0.25
 
@@ -106,12 +115,15 @@ def test_tokenizer_round_trips(tiny_snapshot):
     assert len(ids) < len(text.encode())  # the merges apply: it is a BPE, not a byte map
     end = tok.convert_tokens_to_ids("<|im_end|>")
     assert tok("<|im_start|>hi<|im_end|>")["input_ids"][-1] == end
-    assert max(tok.get_vocab().values()) < json.loads((tiny_snapshot / "config.json").read_text())["text_config"]["vocab_size"]
+    assert (
+        max(tok.get_vocab().values())
+        < json.loads((tiny_snapshot / "config.json").read_text())["text_config"]["vocab_size"]
+    )
 
 
 def test_every_mixer_moves_the_hidden_state(tiny_snapshot):
     """Each GatedDeltaNet and attention layer adds at least 5% of the residual's norm."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     x = torch.randn(1, 48, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
@@ -120,11 +132,13 @@ def test_every_mixer_moves_the_hidden_state(tiny_snapshot):
     def keep_residual(i):
         def hook(mod, args, kwargs):
             residual[i] = (args[0] if args else kwargs["hidden_states"]).norm()
+
         return hook
 
     def share_of_residual(i):
         def hook(mod, args, kwargs, out):
             shares[i] = float((out[0] if isinstance(out, tuple) else out).norm() / residual[i])
+
         return hook
 
     for i, layer in enumerate(model.layers):
@@ -155,8 +169,8 @@ KEPT = 0.1  # a head "keeps memory" when >= 10% of its state survives a window
 
 def record_embeds(snapshot, n: int = 200, seed: int = 11) -> tuple[list[int], torch.Tensor]:
     """A random record of n tokens (every id, massive-activation ones included) and its host embeds."""
-    from scripts.clef_host import Host
-    from scripts.model_check import random_ids
+    from scripts.checks.model_check import random_ids
+    from scripts.qwen35.host import Host
 
     host = Host(snapshot)
     ids = random_ids(n, host.embed_tokens.shape[0], seed)
@@ -166,13 +180,17 @@ def record_embeds(snapshot, n: int = 200, seed: int = 11) -> tuple[list[int], to
 def chunk_survival(model, embeds: torch.Tensor, window: int = WINDOW) -> dict[int, torch.Tensor]:
     """{layer: [heads]}: per GatedDeltaNet value head, exp(sum of g over `window` consecutive tokens),
     the median over every window of the record, g as the stock layer hands it to its chunk kernel."""
-    gs, layers = {}, {i: layer.linear_attn for i, layer in enumerate(model.layers)
-                      if layer.block_type == "linear_attention"}
+    gs, layers = (
+        {},
+        {i: layer.linear_attn for i, layer in enumerate(model.layers) if layer.block_type == "linear_attention"},
+    )
     kernels = {i: m.chunk_gated_delta_rule for i, m in layers.items()}  # an instance attribute
     for i, m in layers.items():
+
         def capture(*args, _i=i, **kwargs):
             gs[_i] = kwargs["g"].detach().double()[0]  # [L, H]
             return kernels[_i](*args, **kwargs)
+
         m.chunk_gated_delta_rule = capture
     try:
         with torch.no_grad():
@@ -196,7 +214,7 @@ def heads_keeping_memory(survival: dict[int, torch.Tensor]) -> dict[int, float]:
 def test_gated_deltanets_keep_memory_across_a_chunk(tiny_snapshot):
     """Measured, not nominal: in every GatedDeltaNet at least half the heads keep >= 10% of their
     state over 64 tokens, so a kernel that drops the state carried between chunks shows."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     _, embeds = record_embeds(tiny_snapshot)
@@ -223,7 +241,7 @@ def _old_draw(name: str, shape) -> torch.Tensor:
 def test_memory_measurement_sees_fast_decay(tiny_snapshot, fault):
     """The control: the same measurement on decays that forget within a chunk reports fewer than half
     the heads keeping memory, in every layer."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     for i, layer in enumerate(model.layers):
@@ -232,7 +250,11 @@ def test_memory_measurement_sees_fast_decay(tiny_snapshot, fault):
         m, prefix = layer.linear_attn, f"model.language_model.layers.{i}.linear_attn"
         with torch.no_grad():
             if fault == "old_draw":
-                for leaf, param in (("A_log", m.A_log), ("dt_bias", m.dt_bias), ("in_proj_a.weight", m.in_proj_a.weight)):
+                for leaf, param in (
+                    ("A_log", m.A_log),
+                    ("dt_bias", m.dt_bias),
+                    ("in_proj_a.weight", m.in_proj_a.weight),
+                ):
                     param.copy_(_old_draw(f"{prefix}.{leaf}", tuple(param.shape)).to(torch.bfloat16))
             else:
                 m.dt_bias.add_(10.0)
@@ -245,7 +267,7 @@ def test_massive_activations_in_the_residual_stream(tiny_snapshot):
     """At massive-activation tokens the 3 chosen channels of the residual stream are >= 50x the median
     |value| of the other channels (median over those positions) entering every layer; entering the
     first, at every other token they are ordinary."""
-    from scripts import text_stack
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     ids, embeds = record_embeds(tiny_snapshot)
@@ -267,8 +289,8 @@ def test_massive_activations_in_the_residual_stream(tiny_snapshot):
 def test_fp32_stack_is_finite_and_close_to_float64(tiny_snapshot):
     """The stock fp32 stack on a 200-token record (massive activations and long memory included)
     is finite and within 1e-3 of the same model in float64."""
-    from scripts import text_stack
-    from scripts.model_check import in_float64
+    from scripts.checks.model_check import in_float64
+    from scripts.qwen35 import text_stack
 
     model, _ = text_stack.load_text_stack(tiny_snapshot, progress=False)
     _, embeds = record_embeds(tiny_snapshot)
@@ -286,7 +308,7 @@ def test_decay_pairs_give_the_nominal_rates(tiny_snapshot):
     from safetensors import safe_open
 
     wmap = json.loads((tiny_snapshot / "model.safetensors.index.json").read_text())["weight_map"]
-    prefixes = sorted(k[:-len(".A_log")] for k in wmap if k.endswith(".A_log"))
+    prefixes = sorted(k[: -len(".A_log")] for k in wmap if k.endswith(".A_log"))
     assert len(prefixes) == tiny_checkpoint.TEXT_CONFIG["layer_types"].count("linear_attention")
     for prefix in prefixes:
         got = {}

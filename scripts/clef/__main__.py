@@ -1,4 +1,5 @@
 """Entry point: argument parsing and the one-line error contract (tracebacks only with --debug)."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,13 +28,19 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--pair", action="store_true", help="run --text as a shared prefix and each --question after it")
     run.add_argument("--question", action="append", default=[], help="a question for --pair (repeatable)")
     run.add_argument("--top", type=int, default=5, help="lm_head tokens to show (default: %(default)s)")
-    run.add_argument("--weights", help="checkpoint directory holding embed_tokens and lm_head, for a release "
-                                       "that references them instead of including them")
+    run.add_argument(
+        "--weights",
+        help="checkpoint directory holding embed_tokens and lm_head, for a release "
+        "that references them instead of including them",
+    )
 
     verify = sub.add_parser("verify", help="check a release: hashes, metadata, every signature on its reference record")
     verify.add_argument("release", help="release directory")
-    verify.add_argument("--gpu", action="store_true",
-                        help="also run every signature on LiteRT's GPU accelerator alone, in fp32 and fp16 modes")
+    verify.add_argument(
+        "--gpu",
+        action="store_true",
+        help="also run every signature on LiteRT's GPU accelerator alone, in fp32 and fp16 modes",
+    )
 
     audit = sub.add_parser("audit", help="what produced a .tflite, from its metadata, and whether a manifest agrees")
     audit.add_argument("file", help="a .tflite produced by clef-litert")
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001  (the one place that turns any failure into one line)
         if args.debug:
             raise
-        from scripts.errors import ClefError
+        from scripts.pipeline.errors import ClefError
 
         message = " ".join(str(exc).split())
         if not isinstance(exc, ClefError):

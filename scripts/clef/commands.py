@@ -1,12 +1,13 @@
 """The three commands. Each returns an exit status; bad input raises ClefError (one line, exit 2)."""
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-from scripts import release
-from scripts.errors import ClefError
+from scripts.pipeline.errors import ClefError
+from scripts.release import reader
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
 
@@ -17,27 +18,32 @@ def progress(message: str) -> None:
 
 # ---- run ---------------------------------------------------------------------------------------
 
+
 def open_host(root: Path, manifest: dict, weights: str | None):
     """The host tables of a release: its own bf16 embed_tokens / lm_head, or a checkpoint's
     (--weights), checked against the hashes the manifest records."""
-    from scripts.clef_host import Host
+    from scripts.qwen35.host import Host
 
     section = manifest["host"]
     if weights is None and section["weights"] != "include":
-        raise ClefError("this release references embed_tokens and lm_head instead of including them "
-                        f"({manifest['model']['repo']}@{manifest['model']['revision'][:12]}): pass --weights CHECKPOINT_DIR")
+        raise ClefError(
+            "this release references embed_tokens and lm_head instead of including them "
+            f"({manifest['model']['repo']}@{manifest['model']['revision'][:12]}): pass --weights CHECKPOINT_DIR"
+        )
     host = Host(root / "host", weights=Path(weights) if weights else None)
     if weights is not None:
-        tables = release.host_tables(host)
+        tables = reader.host_tables(host)
         for role, info in section["tensors"].items():
-            if release.tensor_sha256(tables[role]) != info["sha256"]:
+            if reader.tensor_sha256(tables[role]) != info["sha256"]:
                 raise ClefError(f"{role} in {weights} is not the one this release was built with (sha256 differs)")
     return host
 
 
 def summarize(vector) -> str:
-    return (f"norm {float(vector.norm()):.4g}, mean {float(vector.mean()):.4g}, std {float(vector.std()):.4g}, "
-            f"min {float(vector.min()):.4g}, max {float(vector.max()):.4g}")
+    return (
+        f"norm {float(vector.norm()):.4g}, mean {float(vector.mean()):.4g}, std {float(vector.std()):.4g}, "
+        f"min {float(vector.min()):.4g}, max {float(vector.max()):.4g}"
+    )
 
 
 def top_tokens(host, vector, k: int) -> str:
@@ -45,7 +51,9 @@ def top_tokens(host, vector, k: int) -> str:
 
     logits = host.logits(vector)
     values, ids = torch.topk(logits, min(k, logits.shape[-1]))
-    return ", ".join(f"{host.tokenizer.decode([int(i)])!r} ({int(i)}) {float(v):.3f}" for v, i in zip(values, ids))
+    return ", ".join(
+        f"{host.tokenizer.decode([int(i)])!r} ({int(i)}) {float(v):.3f}" for v, i in zip(values, ids, strict=True)
+    )
 
 
 def smallest(candidates: list, fits, what: str, need: str):
@@ -58,11 +66,11 @@ def smallest(candidates: list, fits, what: str, need: str):
 def run(args) -> int:
     import torch
 
-    from scripts.clef_host import PairRunner, litert_signature
-    from scripts.tflite_check import interpreter
+    from scripts.checks.tflite_check import interpreter
+    from scripts.qwen35.host import PairRunner, litert_signature
 
     root = Path(args.release)
-    manifest = release.load_manifest(root)
+    manifest = reader.load_manifest(root)
     if args.top < 1:
         raise ClefError("--top must be at least 1")
     if args.question and not args.pair:
@@ -74,13 +82,20 @@ def run(args) -> int:
         raise ClefError("--text has no tokens")
     if not args.pair:
         rows = sorted((a for a in arts.items() if a[1]["kind"] == "row"), key=lambda a: a[1]["L"])
-        path, art = smallest(rows, lambda a: a[1]["L"] >= len(ids), "row graph",
-                             f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})")
+        path, art = smallest(
+            rows,
+            lambda a: a[1]["L"] >= len(ids),
+            "row graph",
+            f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})",
+        )
         runner = interpreter(root / path).get_signature_runner()
         out = litert_signature(runner)(**host.record(ids, art["L"]))["hidden"]
         last = out[0, len(ids) - 1]
-        print(f"{path}: {len(ids)} tokens in L={art['L']} (form {manifest['form']}, revision {manifest['model']['revision'][:12]})")
-        print(f"hidden, last position: {summarize(last)}; all finite: {bool(torch.isfinite(out[0, :len(ids)]).all())}")
+        print(
+            f"{path}: {len(ids)} tokens in L={art['L']} "
+            f"(form {manifest['form']}, revision {manifest['model']['revision'][:12]})"
+        )
+        print(f"hidden, last position: {summarize(last)}; all finite: {bool(torch.isfinite(out[0, : len(ids)]).all())}")
         print(f"top lm_head tokens at the last position: {top_tokens(host, last, args.top)}")
         return 0
 
@@ -91,15 +106,26 @@ def run(args) -> int:
         raise ClefError("a --question has no tokens")
     pairs = sorted((a for a in arts.items() if a[1]["kind"] == "pair"), key=lambda a: (a[1]["P"], a[1]["S"]))
     longest = max(len(q) for q in questions)
-    path, art = smallest(pairs, lambda a: a[1]["P"] >= len(ids) and a[1]["S"] >= longest, "pair",
-                         f"a context of {len(ids)} tokens and a question of {longest}")
+    path, art = smallest(
+        pairs,
+        lambda a: a[1]["P"] >= len(ids) and a[1]["S"] >= longest,
+        "pair",
+        f"a context of {len(ids)} tokens and a question of {longest}",
+    )
     interp = interpreter(root / path)
     shapes = {e["name"]: e["shape"] for e in art["signatures"]["suffix"]["inputs"] if e["name"] not in TOKEN_INPUTS}
-    runner = PairRunner(host, litert_signature(interp.get_signature_runner("prefix")),
-                        litert_signature(interp.get_signature_runner("suffix")), art["P"], art["S"], manifest["form"], shapes)
+    runner = PairRunner(
+        host,
+        litert_signature(interp.get_signature_runner("prefix")),
+        litert_signature(interp.get_signature_runner("suffix")),
+        art["P"],
+        art["S"],
+        manifest["form"],
+        shapes,
+    )
     hidden, state = runner.prefix(ids)
     print(f"{path}: context of {len(ids)} tokens in P={art['P']}; context's last position: {summarize(hidden[0, -1])}")
-    for text, q in zip(args.question, questions):
+    for text, q in zip(args.question, questions, strict=True):
         out = runner.suffix(state, q)
         print(f"question {text!r} ({len(q)} tokens): last position {summarize(out[0, -1])}")
         print(f"  top lm_head tokens: {top_tokens(host, out[0, -1], args.top)}")
@@ -108,17 +134,18 @@ def run(args) -> int:
 
 # ---- verify ------------------------------------------------------------------------------------
 
+
 def verify(args) -> int:
-    from scripts import tflite_file
+    from scripts.litert import tflite_file
 
     root = Path(args.release)
     if not root.is_dir():
         raise ClefError(f"{root} is not a directory")
-    manifest = release.load_manifest(root)
-    problems = release.check_paths(root, manifest)
+    manifest = reader.load_manifest(root)
+    problems = reader.check_paths(root, manifest)
     if not problems:
         progress(f"verify {root}: hashing {len(manifest['files'])} files")
-        problems = release.check_files(root, manifest)
+        problems = reader.check_files(root, manifest)
     if problems:
         for line in problems:
             print(f"FAIL {line}")
@@ -127,35 +154,38 @@ def verify(args) -> int:
     arts = manifest["artifacts"]
     for i, (path, art) in enumerate(sorted(arts.items()), 1):
         progress(f"[{i}/{len(arts)}] {path}: metadata, reference record in the interpreter")
-        meta = tflite_file.read_metadata(root / path) or {}
-        want = {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": art["kind"],
-                **{k: art[k] for k in ("L", "P", "S") if k in art}}
-        bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+        bad = tflite_file.metadata_mismatches(
+            tflite_file.read_metadata(root / path), reader.expected_metadata(manifest, art)
+        )
         if bad:
-            problems.append(f"{path}: metadata {bad} disagrees with the manifest {want}")
+            problems.append(f"{path}: metadata disagrees with the manifest: {'; '.join(bad)}")
             continue
         ref = art["reference"]
-        record = release.load_reference(root, ref["file"])
-        measured = release.run_reference(root / path, art["kind"], record)
-        found = release.reference_problems(measured, ref)
-        print(f"{'FAIL' if found else 'ok  '} {path}: max rel {measured['rel_vs_expected']:.2e}, per position "
-              f"{measured['rel_per_position_vs_expected']:.2e} vs the manifest's {ref['max_rel']:.2e}, "
-              f"{ref.get('max_rel_per_position', float('nan')):.2e} (thresholds {ref['threshold']:g}, "
-              f"{ref.get('threshold_per_position', float('nan')):g})")
+        record = reader.load_reference(root, ref["file"])
+        measured = reader.run_reference(root / path, art["kind"], record)
+        found = reader.reference_problems(measured, ref)
+        print(
+            f"{'FAIL' if found else 'ok  '} {path}: max rel {measured['rel_vs_expected']:.2e}, per position "
+            f"{measured['rel_per_position_vs_expected']:.2e} vs the manifest's {ref['max_rel']:.2e}, "
+            f"{ref.get('max_rel_per_position', float('nan')):.2e} (thresholds {ref['threshold']:g}, "
+            f"{ref.get('threshold_per_position', float('nan')):g})"
+        )
         problems += [f"{path}: reference record: {line}" for line in found]
         if args.gpu:
             problems += verify_on_gpu(root / path, path, art, record)
     for line in problems:
         print(f"FAIL {line}")
-    print(f"verify: {manifest['name']}: {len(manifest['files'])} files, {len(arts)} graphs, "
-          f"{'all checks passed' if not problems else f'{len(problems)} problems'}")
+    print(
+        f"verify: {manifest['name']}: {len(manifest['files'])} files, {len(arts)} graphs, "
+        f"{'all checks passed' if not problems else f'{len(problems)} problems'}"
+    )
     return 1 if problems else 0
 
 
 def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
     """The reference record through every signature on LiteRT's GPU accelerator alone: fp32 mode held to
     the reference threshold, fp16 mode to being finite; each beside what the release measured."""
-    from scripts import gpu_accelerator, tflite_file
+    from scripts.litert import gpu_accelerator, tflite_file
 
     ref, gpu = art["reference"], art.get("gpu") or {}
     problems = []
@@ -169,40 +199,51 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
             print(f"FAIL {path}: GPU {mode}: {exc}")
             continue
         try:
-            figures = release.reference_error(compiled.signature, art["kind"], record)
+            figures = reader.reference_error(compiled.signature, art["kind"], record)
         finally:
             compiled.close()
         measured = figures["rel_vs_expected"]
         if fp32:
-            ok = not release.reference_problems(figures, ref)
-            recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
+            ok = not reader.reference_problems(figures, ref)
+            recorded = (
+                f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
+            )
             bound = f"thresholds {ref['threshold']:g}, per position {ref.get('threshold_per_position', float('nan')):g}"
         else:
             ok = measured < float("inf")
-            recorded = (f"the release's verify_gpu: {gpu['fp16_max_rel_vs_f64']:.2e} vs float64, floor "
-                        f"{gpu['floor_max_rel_vs_f64']:.2e}" if gpu else "not measured at release")
+            recorded = (
+                f"the release's verify_gpu: {gpu['fp16_max_rel_vs_f64']:.2e} vs float64, floor "
+                f"{gpu['floor_max_rel_vs_f64']:.2e}"
+                if gpu
+                else "not measured at release"
+            )
             bound = "finite"
-        print(f"{'ok  ' if ok else 'FAIL'} {path}: GPU {mode} on {compiled.adapter}: max rel {measured:.2e} "
-              f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})")
+        print(
+            f"{'ok  ' if ok else 'FAIL'} {path}: GPU {mode} on {compiled.adapter}: max rel {measured:.2e} "
+            f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})"
+        )
         if not ok or not compiled.fully_accelerated:
-            problems.append(f"{path}: GPU {mode}: reference record error {measured:.3g} ({bound}), "
-                            f"fully accelerated {compiled.fully_accelerated}")
+            problems.append(
+                f"{path}: GPU {mode}: reference record error {measured:.3g} ({bound}), "
+                f"fully accelerated {compiled.fully_accelerated}"
+            )
     return problems
 
 
 # ---- audit -------------------------------------------------------------------------------------
 
+
 def find_manifest(path: Path) -> Path | None:
     """The manifest of the release a file sits in (the file's directory or its parent)."""
     for d in (path.parent, path.parent.parent):
-        if (d / release.MANIFEST).is_file():
+        if (d / reader.MANIFEST).is_file():
             return d
     return None
 
 
 def audit(args) -> int:
-    from scripts import tflite_file
-    from scripts.snapshot import sha256_file
+    from scripts.checkpoint.snapshot import sha256_file
+    from scripts.litert import tflite_file
 
     path = Path(args.file)
     if not path.is_file():
@@ -220,8 +261,10 @@ def audit(args) -> int:
     digest = sha256_file(path)
     print(f"file:      {path} ({path.stat().st_size} bytes, sha256 {digest[:16]})")
     print(f"model:     {meta['repo']} revision {meta['revision']} (source {meta['source']})")
-    print(f"graph:     {meta.get('kind')} {' '.join(f'{k}={v}' for k, v in shape.items())}, form {meta['form']}, "
-          f"contract v{meta['contract_version']}")
+    print(
+        f"graph:     {meta.get('kind')} {' '.join(f'{k}={v}' for k, v in shape.items())}, form {meta['form']}, "
+        f"contract v{meta['contract_version']}"
+    )
     changed = git.get("changed", [])
     more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
     tree = {True: "clean", False: f"uncommitted changes: {', '.join(changed[:5])}{more}", None: "not in git"}
@@ -232,7 +275,7 @@ def audit(args) -> int:
     if root is None:
         print("manifest:  none beside this file")
         return 0
-    manifest = release.load_manifest(root)
+    manifest = reader.load_manifest(root)
     rel = str(path.resolve().relative_to(root.resolve()))
     art = manifest["artifacts"].get(rel)
     disagree = []
@@ -241,11 +284,9 @@ def audit(args) -> int:
     else:
         if art["sha256"] != digest:
             disagree.append("its sha256 differs from the manifest's")
-        want = {"revision": manifest["model"]["revision"], "form": manifest["form"], "kind": art["kind"],
-                **{k: art[k] for k in ("L", "P", "S") if k in art}}
-        disagree += [f"{k} is {meta.get(k)!r} here, {v!r} in the manifest" for k, v in want.items() if meta.get(k) != v]
+        disagree += tflite_file.metadata_mismatches(meta, reader.expected_metadata(manifest, art))
     if disagree:
-        print(f"manifest:  {root / release.MANIFEST} DISAGREES: {'; '.join(disagree)}")
+        print(f"manifest:  {root / reader.MANIFEST} DISAGREES: {'; '.join(disagree)}")
         return 1
-    print(f"manifest:  {root / release.MANIFEST} agrees (sha256, revision, form, shape)")
+    print(f"manifest:  {root / reader.MANIFEST} agrees (sha256, revision, form, shape)")
     return 0

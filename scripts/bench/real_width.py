@@ -1,0 +1,80 @@
+"""`make real-width`: the whole pipeline on the real-width synthetic checkpoint, then the benchmark.
+
+The run gets its own workspace, a git worktree of HEAD at artifacts/real-width/ with its own DVC
+cache, so the default (tiny) workspace is untouched. Its params.yaml is the committed one with the
+OVERRIDES below (a params override, the same dvc.yaml); the graphs it writes record that override
+in their metadata. Then `dvc repro` there, then scripts/bench/report.py -> results/bench.json.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from scripts.pipeline import layout
+from scripts.pipeline.errors import ClefError, run_stage
+
+OVERRIDES = {"model": {"source": "synthetic"}, "lengths": [64], "pairs": [{"prefix": 64, "suffix": 64}]}
+# Disk the run writes, in units of the fp32 stack: bf16 snapshot 0.5, row graph 1, pair graph 1, the
+# release's copies 2, its tarball ~1 (fp32 noise barely compresses), a scratch graph of export_stock /
+# export_bench 1, the raw file beside a graph while its metadata is embedded 1 -> 7.5; DVC's cache
+# hardlinks (.dvc/config), so it adds nothing.
+DISK_PER_FP32_BYTE = 7.5
+DISK_MARGIN = 2 * 2**30
+
+
+def git(*args: str, cwd: Path = Path(".")) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def prepare(ws: Path) -> None:
+    """The worktree at HEAD (created, or moved to HEAD with the committed params restored), then the overrides."""
+    head = git("rev-parse", "HEAD")
+    if (ws / ".git").exists():
+        git("checkout", "--detach", "--force", head, cwd=ws)
+    else:
+        git("worktree", "add", "--detach", "--force", str(ws), head)
+    path = ws / "params.yaml"
+    path.write_text(yaml.safe_dump(overridden(yaml.safe_load(path.read_text())), sort_keys=False))
+
+
+def overridden(p: dict) -> dict:
+    """params `p` with OVERRIDES applied (a mapping merges into its section, anything else replaces)."""
+    p = dict(p)
+    for key, value in OVERRIDES.items():
+        p[key] = {**p[key], **value} if isinstance(value, dict) else value
+    return p
+
+
+def check_room(ws: Path, layers: int) -> None:
+    from scripts.checkpoint import synthetic_checkpoint
+
+    need = int(DISK_PER_FP32_BYTE * synthetic_checkpoint.fp32_text_bytes(layers)) + DISK_MARGIN
+    probe = ws if ws.exists() else ws.parent
+    probe.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        raise ClefError(
+            f"the real-width run needs about {need / 1e9:.1f} GB free ({layers} layers), "
+            f"{probe} has {free / 1e9:.1f} GB"
+        )
+
+
+def main() -> None:
+    ws = layout.REAL_WIDTH
+    layers = yaml.safe_load(Path("params.yaml").read_text())["model"]["synthetic_layers"]
+    check_room(ws, layers)
+    prepare(ws)
+    print(f"real-width: workspace {ws} at {git('rev-parse', '--short', 'HEAD')}, overrides {OVERRIDES}", flush=True)
+    if subprocess.run(["dvc", "repro"], cwd=ws).returncode:
+        raise ClefError(f"dvc repro failed in {ws}; its stage output above names the problem")
+    if subprocess.run([sys.executable, "-m", "scripts.bench.report", "--real-width", str(ws)]).returncode:
+        raise ClefError("the benchmark failed (scripts/bench/report.py)")
+
+
+if __name__ == "__main__":
+    run_stage(main)

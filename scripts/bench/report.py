@@ -1,0 +1,203 @@
+"""results/bench.json: where time and memory go at toy and at real width, and how close the real-width
+row graph comes to this machine's fp32 matmul peak.
+
+- stages: wall time and peak RSS of every stage, read from results/runtime/ of the default (tiny)
+  workspace and of the real-width one (make real-width).
+- latency: LiteRT interpreter vs torch eager per L, from each workspace's verify_tflite records.
+- efficiency, measured here in one process, one after the other on an otherwise idle machine: the fp32
+  matmul peak (torch.mm of two PEAK_N x PEAK_N matrices), then the real-width L=64 row graph in the
+  interpreter; the graph's multiply-accumulate FLOPs are counted from the file. Target: >= 0.5 of peak.
+- clef_flash: the real model's needs per stage, extrapolated from the two runs (see `extrapolate`).
+Medians of REPEATS runs after one warm-up; figures, never assertions (these machines are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from scripts.checkpoint import snapshot
+from scripts.checks import model_check, tflite_check
+from scripts.litert import tflite_file
+from scripts.pipeline import atomic, layout
+from scripts.pipeline.errors import ClefError, run_stage
+
+PEAK_N = 4096  # 137 GFLOP per product: ~1 s here, long enough to time, the size of clef-flash's hidden
+REPEATS = 5
+TARGET_FRACTION_OF_PEAK = 0.5
+CLEF_FLASH_LAYERS = 32  # (3 GatedDeltaNet + 1 attention) x 8; the real-width run has one such block
+CLEF_FLASH_SNAPSHOT_BYTES = 19.3e9  # bf16 on disk, vision and MTP included (DESIGN.md)
+
+
+def median_seconds(fn, repeats: int = REPEATS) -> float:
+    fn()  # warm-up: first-call allocation and weight packing are not the steady state
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak(n: int = PEAK_N) -> dict:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    seconds = median_seconds(lambda: torch.mm(a, b))
+    return {"n": n, "median_s": seconds, "gflops": 2 * n**3 / seconds / 1e9, "threads": torch.get_num_threads()}
+
+
+def graph_rate(ws: Path, length: int) -> dict:
+    """The row graph of `ws` at `length` in the interpreter: median time, counted FLOPs, GFLOP/s."""
+    from scripts.qwen35.host import Host
+
+    path = ws / layout.row_path(length)
+    if not path.is_file():
+        raise ClefError(f"no {path}: run make real-width first")
+    snap = snapshot.verify(snapshot.load_record(ws / "results/snapshot.json"), root=ws)
+    host = Host(snap)
+    vocab = snapshot.text_config(snap)["vocab_size"]
+    inputs = host.record(model_check.random_ids(length, vocab, length), length)
+    runner = tflite_check.interpreter(path).get_signature_runner()
+    seconds = median_seconds(lambda: tflite_check.run(runner, inputs))
+    flops = tflite_file.matmul_flops(path)
+    total = sum(flops.values())
+    return {
+        "file": str(path),
+        "bytes": path.stat().st_size,
+        "L": length,
+        "median_s": seconds,
+        "matmul_flops": flops,
+        "gflops": total / seconds / 1e9,
+    }
+
+
+def stage_records(ws: Path) -> dict:
+    runtime = ws / layout.RUNTIME
+    records = {p.stem: json.loads(p.read_text()) for p in sorted(runtime.glob("*.json"))} if runtime.is_dir() else {}
+    return {
+        name: {"seconds": r["seconds"], "peak_rss_gib": r["peak_rss_bytes"] / 2**30, "finished_utc": r["finished_utc"]}
+        for name, r in records.items()
+    }
+
+
+def latency(ws: Path) -> dict:
+    out = {}
+    for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
+        doc = json.loads(path.read_text())
+        t = doc["latency"]
+        out[str(doc["L"])] = {
+            "litert_ms": 1e3 * t["litert_median_s"],
+            "torch_ms": 1e3 * t["torch_median_s"],
+            "torch_over_litert": t["torch_over_litert"],
+            "bytes": doc["bytes"],
+            "max_rel_vs_torch": doc["max_rel_vs_torch"],
+            "passed": doc["passed"],
+        }
+    return out
+
+
+def workspace(ws: Path) -> dict:
+    stack = ws / layout.result_path("stack")
+    s = json.loads(stack.read_text()) if stack.is_file() else {}
+    return {
+        "path": str(ws),
+        "layers": s.get("layers"),
+        "fp32_bytes": s.get("fp32_bytes"),
+        "stages": stage_records(ws),
+        "latency": latency(ws),
+        "stack_rss_budget": s.get("rss_budget"),
+        "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
+    }
+
+
+# Stages whose work is set by the checkpoint's widths (head counts) and params, not its layer count:
+# clef-flash costs what the real-width run measured.
+WIDTH_ONLY_STAGES = ("verify_kernel", "kernel_bench")
+
+
+def extrapolate(tiny: dict, real: dict) -> dict:
+    """clef-flash's needs per stage, from the real-width run (one of clef-flash's 8 blocks of 3
+    GatedDeltaNet + 1 attention layers) and the tiny run (the same code with ~no weights).
+    - peak RSS: the tiny run's (the runtime itself) + 8 x what the real-width weights added to it;
+    - time: 8 x the real-width time, an upper bound (each stage's fixed start-up is scaled too);
+    - WIDTH_ONLY_STAGES: as measured at real width."""
+    blocks = CLEF_FLASH_LAYERS // real["layers"] if real.get("layers") else None
+    out = {}
+    for name, r in real["stages"].items():
+        t = tiny["stages"].get(name)
+        if t is None or blocks is None:
+            continue
+        if name in WIDTH_ONLY_STAGES:
+            out[name] = {"seconds": r["seconds"], "peak_rss_gib": r["peak_rss_gib"]}
+        else:
+            out[name] = {
+                "seconds": blocks * r["seconds"],
+                "peak_rss_gib": t["peak_rss_gib"] + blocks * max(r["peak_rss_gib"] - t["peak_rss_gib"], 0.0),
+            }
+    graph = real["latency"].get("64", {}).get("bytes")
+    return {
+        "blocks": blocks,
+        "stages": out,
+        "row_graph_bytes_per_L": graph and blocks * graph,
+        "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
+        "fp32_stack_bytes": real.get("fp32_bytes") and blocks * real["fp32_bytes"],
+    }
+
+
+def machine() -> dict:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem = next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal")
+    )
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "torch": torch.__version__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--real-width", type=Path, default=layout.REAL_WIDTH)
+    ws = ap.parse_args().real_width
+    if not (ws / "results/snapshot.json").is_file():
+        raise ClefError(f"no real-width run in {ws}: run make real-width first")
+    tiny, real = workspace(Path(".")), workspace(ws)
+    peak = matmul_peak()
+    rate = graph_rate(ws, 64)
+    ratio = rate["gflops"] / peak["gflops"]
+    doc = {
+        "machine": machine(),
+        "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tiny": tiny,
+        "real_width": real,
+        "efficiency": {
+            "matmul_peak": peak,
+            "row_graph": rate,
+            "fraction_of_peak": ratio,
+            "target_fraction": TARGET_FRACTION_OF_PEAK,
+            "meets_target": ratio >= TARGET_FRACTION_OF_PEAK,
+        },
+        "clef_flash": extrapolate(tiny, real),
+    }
+    atomic.write_json(layout.BENCH, doc)
+    print(
+        f"bench: fp32 matmul peak {peak['gflops']:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak['threads']} threads); "
+        f"real-width row graph L=64 ({rate['bytes'] / 2**30:.2f} GiB) {rate['median_s']:.2f} s, "
+        f"{rate['gflops']:.1f} GFLOP/s = {ratio:.2f} of peak (target {TARGET_FRACTION_OF_PEAK}) -> {layout.BENCH}"
+    )
+
+
+if __name__ == "__main__":
+    run_stage(main)

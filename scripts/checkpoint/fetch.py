@@ -1,0 +1,273 @@
+"""Write the checkpoint snapshot into hf/: the embedded tiny checkpoint, the real-width synthetic
+one (scripts/checkpoint/synthetic_checkpoint.py), or a hub download.
+
+Either way the snapshot is built under `hf.partial/` and swapped in whole, so a fetch killed
+midway leaves no hf/ that DVC could take for a finished output. The partial directory of a hub
+download is kept between attempts, so the files an interrupted download finished are not fetched
+again (huggingface_hub retries a cut transfer itself; a file it gave up on starts over).
+
+A hub download first asks the hub for the file list at the pinned revision and refuses to start
+when the repository has no safetensors weights, or when the disk cannot hold what is left to
+download plus a margin (`DISK_MARGIN`). After the download every file is checked against that
+list: its size, then its sha256 (LFS files: the weights) or its git blob id (the small files). A
+file that fails is deleted from the partial directory, so the next attempt downloads it again
+instead of trusting it, and no hf/ is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from scripts.checkpoint.snapshot import CHUNK, check_readable, record, sha256_file, snapshot_dir
+from scripts.pipeline import atomic
+from scripts.pipeline.errors import ClefError
+
+# The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer.
+HUB_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+]
+# Room left free beyond the download itself: the disk also holds the record, DVC's bookkeeping and the
+# later stages' outputs, and a disk filled to the last byte fails far from the fetch that filled it.
+DISK_MARGIN = 1 << 30  # 1 GiB
+
+
+def write_tiny(cache: Path) -> tuple[str, str]:
+    """Write the embedded tiny checkpoint into cache root `cache`; -> (repo, revision)."""
+    from scripts.checkpoint import tiny_checkpoint  # imported here: it loads transformers
+
+    content = tiny_checkpoint.files()
+    revision = tiny_checkpoint.revision(content)
+    target = snapshot_dir(cache, tiny_checkpoint.REPO, revision)
+    target.mkdir(parents=True)
+    for name, data in content.items():
+        (target / name).write_bytes(data)
+    write_ref(target, revision)
+    return tiny_checkpoint.REPO, revision
+
+
+def write_ref(snapshot: Path, revision: str) -> None:
+    """The cache's ref file, as huggingface_hub writes it for a downloaded revision."""
+    ref = snapshot.parents[1] / "refs" / "main"
+    ref.parent.mkdir(parents=True)
+    ref.write_text(revision)
+
+
+def write_synthetic(cache: Path, layers: int) -> tuple[str, str]:
+    """Write the real-width synthetic checkpoint with `layers` decoder layers into cache root `cache`."""
+    from scripts.checkpoint import synthetic_checkpoint
+
+    staging = Path(cache) / "staging"
+    revision = synthetic_checkpoint.write(staging, layers)  # the revision names the content: known last
+    target = snapshot_dir(cache, synthetic_checkpoint.REPO, revision)
+    target.parent.mkdir(parents=True)
+    staging.rename(target)
+    write_ref(target, revision)
+    return synthetic_checkpoint.REPO, revision
+
+
+def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
+    """Download `repo` at the pinned `revision` (safetensors and tokenizer files only) into cache root
+    `cache`, after checking the disk has room for it; check every file against the hub's list."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    cache = Path(cache)
+    storage = snapshot_dir(cache, repo, revision).parents[1]
+    _hub_log_to_stdout()
+    with _hub_errors(repo, revision):
+        listed = hub_files(HfApi().model_info(repo, revision=revision, files_metadata=True).siblings or [])
+    if not ({"model.safetensors", "model.safetensors.index.json"} & set(listed)):
+        raise ClefError(f"{repo}@{revision} has no safetensors weights (pickle checkpoints are refused)")
+    check_room(cache, storage, repo, revision, listed)
+    with _hub_errors(repo, revision):
+        path = snapshot_download(
+            repo_id=repo,
+            revision=revision,
+            cache_dir=str(cache / "hub"),
+            allow_patterns=HUB_PATTERNS,
+            tqdm_class=_stdout_tqdm(),
+        )
+    check_download(Path(path), repo, revision, listed)
+    return repo, revision
+
+
+def hub_files(siblings) -> dict:
+    """name -> the hub's entry (size, blob_id, lfs) of every listed file snapshot_download will fetch."""
+    from huggingface_hub.utils import filter_repo_objects  # the very filter snapshot_download applies
+
+    by_name = {s.rfilename: s for s in siblings}
+    return {name: by_name[name] for name in filter_repo_objects(list(by_name), allow_patterns=HUB_PATTERNS)}
+
+
+def listed_size(entry) -> int | None:
+    return entry.lfs.size if entry.lfs is not None else entry.size
+
+
+def bytes_left(storage: Path, revision: str, listed: dict) -> int:
+    """Bytes of `listed` files still to download into the cache folder `storage` of the repository.
+
+    A file counts as present when its snapshot entry or its blob (named by its etag: the LFS sha256,
+    else the git blob id) exists: snapshot_download links it without fetching it again.
+    """
+    left = 0
+    for name, entry in listed.items():
+        size = listed_size(entry) or 0
+        etag = entry.lfs.sha256 if entry.lfs is not None else entry.blob_id
+        candidates = [storage / "snapshots" / revision / name] + ([storage / "blobs" / etag] if etag else [])
+        present = next((p.stat().st_size for p in candidates if p.is_file()), 0)
+        left += max(0, size - present)
+    return left
+
+
+def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dict) -> None:
+    """Refuse to start a download the disk holding `cache` has no room for (plus DISK_MARGIN)."""
+    # A killed attempt leaves its temporary files behind; huggingface_hub names them per process
+    # and never resumes them, so they only take room.
+    for stale in (storage / "blobs").glob("*.incomplete"):
+        stale.unlink(missing_ok=True)
+    left = bytes_left(storage, revision, listed)
+    where = Path(cache).absolute()
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if left + DISK_MARGIN > free:
+        raise ClefError(
+            f"fetch needs {gb(left + DISK_MARGIN)} free for {repo}@{revision[:12]} ({gb(left)} of "
+            f"safetensors + tokenizer files left to download, {gb(DISK_MARGIN)} margin), {where} has "
+            f"{gb(free)}: free space or move the cache"
+        )
+
+
+def check_download(snapshot: Path, repo: str, revision: str, listed: dict) -> None:
+    """Check the downloaded files against the hub's list: sizes, then sha256 (LFS) or git blob id.
+
+    huggingface_hub checks a transfer's length but no hash, and trusts a blob already in the cache:
+    a file that fails here is deleted (snapshot entry and blob) so the next attempt fetches it again.
+    """
+    bad = {}
+    for name, entry in sorted(listed.items()):
+        path = snapshot / name
+        if not path.is_file():
+            bad[name] = "missing after the download"
+        elif listed_size(entry) is not None and path.stat().st_size != listed_size(entry):
+            bad[name] = f"it has {path.stat().st_size} bytes where the hub lists {listed_size(entry)}"
+    for name, entry in sorted(listed.items()):
+        if name in bad:
+            continue
+        if entry.lfs is not None:
+            kind, want, got = "sha256", entry.lfs.sha256, sha256_file(snapshot / name)
+        elif entry.blob_id:
+            kind, want, got = "git blob sha1", entry.blob_id, git_blob_id(snapshot / name)
+        else:
+            continue
+        if got != want:
+            bad[name] = f"{kind} {got[:12]}... differs from the hub's {want[:12]}..."
+    if bad:
+        for name in bad:
+            forget(snapshot / name)
+        name, why = next(iter(bad.items()))
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ClefError(
+            f"downloaded {name} of {repo}@{revision[:12]} is corrupt: {why}{more}; the file was "
+            f"removed from {snapshot.parents[3].name}/, so a rerun downloads it again"
+        )
+
+
+def git_blob_id(path: Path) -> str:
+    """The git object id of a file: the hub's `blobId` of a file kept outside LFS."""
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def forget(pointer: Path) -> None:
+    """Delete a snapshot file and the cache blob it links to, so huggingface_hub downloads it again."""
+    blob = pointer.resolve() if pointer.is_symlink() else None
+    pointer.unlink(missing_ok=True)
+    if blob is not None and blob.parent.name == "blobs":
+        blob.unlink(missing_ok=True)
+
+
+def gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _stdout_tqdm():
+    """huggingface_hub's progress bar class, drawing on stdout: stderr is kept for the one-line error."""
+    from huggingface_hub.utils import tqdm
+
+    class StdoutTqdm(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("file", sys.stdout)
+            super().__init__(*args, **kwargs)
+
+    return StdoutTqdm
+
+
+def _hub_log_to_stdout() -> None:
+    """huggingface_hub logs a retried transfer as warnings on stderr. They are progress, not errors, and
+    would bury the stage's one-line error: they go to stdout (DVC shows both)."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    for handler in hub_logging.get_logger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+            handler.setStream(sys.stdout)
+
+
+@contextmanager
+def _hub_errors(repo: str, revision: str):
+    """Turn huggingface_hub's and httpx's errors into one-line ClefErrors."""
+    import httpx
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        yield
+    except RevisionNotFoundError:
+        raise ClefError(f"revision {revision} not found in {repo}") from None
+    except RepositoryNotFoundError:
+        raise ClefError(
+            f"repository {repo} not found on the hub, or private or gated without a token (HF_TOKEN)"
+        ) from None
+    except (HfHubHTTPError, LocalEntryNotFoundError, httpx.HTTPError, OSError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ClefError(f"download of {repo}@{revision} failed: {first}") from None
+
+
+def fetch(model: dict, cache: Path = Path("hf")) -> dict:
+    """Build the snapshot for params `model` under `cache` atomically; -> its file record."""
+    cache = Path(cache)
+    partial = atomic.partial_dir(cache)
+    if model["source"] in ("tiny", "synthetic"):
+        if partial.exists():  # a generated snapshot is redone whole: start clean
+            shutil.rmtree(partial)
+        if model["source"] == "tiny":
+            repo, revision = write_tiny(partial)
+        else:
+            repo, revision = write_synthetic(partial, model["synthetic_layers"])
+    elif model["source"] == "hub":  # a kept partial directory lets an interrupted download resume
+        repo, revision = download_hub(partial, model["repo"], model["revision"])
+    else:
+        raise ClefError(f"unknown model.source {model['source']!r}")
+    check_readable(snapshot_dir(partial, repo, revision))  # refused before it replaces hf/
+    atomic.swap_in_dir(partial, cache)
+    return record(snapshot_dir(cache, repo, revision), model["source"], repo, revision)

@@ -1,0 +1,147 @@
+"""The checkpoint snapshot in Hugging Face cache layout, and the record that pins its bytes.
+
+`hf/hub/models--<org>--<name>/snapshots/<40-hex revision>/` holds the snapshot whichever source
+wrote it, so downstream code reads the embedded tiny checkpoint exactly as it reads the real one.
+Writing a snapshot is `scripts/checkpoint/fetch.py`'s job; this module only knows where it lives and
+what it must contain. The record (`results/snapshot.json`) lists every file with its size and sha256;
+a stage that reads the snapshot checks the files it reads against it first (sizes, then hashes), so a
+truncated or altered shard is refused before any weight is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from scripts.pipeline.errors import ClefError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+CHUNK = 1 << 24
+TOKENIZER_JSON = ("tokenizer_config.json", "tokenizer.json")  # what the host reads to encode a prompt
+
+
+def snapshot_dir(cache: Path, repo: str, revision: str) -> Path:
+    """Where the Hugging Face cache keeps `repo` at `revision` under cache root `cache` (hf/)."""
+    return Path(cache) / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / revision
+
+
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file, read in chunks (snapshot shards and graphs are many GB)."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return file_digest(path, "sha256")
+
+
+def refuse_pickles(names) -> None:
+    pickles = sorted(n for n in names if n.lower().endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise ClefError(
+            f"pickle checkpoint file {pickles[0]} refused: only safetensors weights are loaded "
+            "(a pickle can run code when read)"
+        )
+
+
+def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = Path(".")) -> dict:
+    """The file record of a finished snapshot: every file with its size and sha256."""
+    snapshot = Path(snapshot)
+    names = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
+    return {
+        "source": source,
+        "repo": repo,
+        "revision": revision,
+        "path": os.path.relpath(snapshot, root),
+        "files": [
+            {"name": n, "size": (snapshot / n).stat().st_size, "sha256": sha256_file(snapshot / n)} for n in names
+        ],
+    }
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON file of a snapshot (config.json, tokenizer_config.json, the safetensors index), or one
+    line naming the file and what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"{path} is missing")
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ClefError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ClefError(f"{path} holds a {type(doc).__name__}, not a JSON object")
+    return doc
+
+
+def text_config(snapshot: str | Path) -> dict:
+    """config.json's `text_config` of a snapshot (or a release's host/ directory), or one line."""
+    path = Path(snapshot) / "config.json"
+    text = read_json(path).get("text_config")
+    if not isinstance(text, dict):
+        raise ClefError(f"{path} has no text_config object: not a Qwen3.5 checkpoint")
+    return text
+
+
+def max_positions(snapshot: str | Path) -> int:
+    """The model's context (config.json's text_config.max_position_embeddings): no graph is longer."""
+    n = text_config(snapshot).get("max_position_embeddings")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ClefError(
+            f"{Path(snapshot) / 'config.json'}: text_config.max_position_embeddings {n!r} is not a positive integer"
+        )
+    return n
+
+
+def check_readable(snapshot: str | Path) -> None:
+    """The JSON files our code reads parse, and config.json has the context the checks need: a
+    snapshot that fails is refused by the fetch stage, before any later stage removes an output."""
+    max_positions(snapshot)
+    check_tokenizer(snapshot)
+
+
+def check_tokenizer(snapshot: str | Path) -> None:
+    """The tokenizer's JSON files that are present parse (transformers would raise a traceback)."""
+    for name in TOKENIZER_JSON:
+        if (Path(snapshot) / name).is_file():
+            read_json(Path(snapshot) / name)
+
+
+def load_record(path: str | Path = "results/snapshot.json") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no snapshot record at {path}: run the fetch stage first")
+    return json.loads(path.read_text())
+
+
+def verify(rec: dict, root: Path = Path("."), names=None) -> Path:
+    """Check files of the recorded snapshot (all, or `names`) against the record; return its path.
+
+    Sizes first for every file (cheap, catches truncation), then sha256. Pickles are refused.
+    """
+    snapshot = Path(root) / rec["path"]
+    listed = {f["name"]: f for f in rec["files"]}
+    refuse_pickles(listed)
+    wanted = sorted(listed) if names is None else sorted(names)
+    for name in wanted:
+        if name not in listed:
+            raise ClefError(f"{name} is not in the snapshot record of {rec['repo']}@{rec['revision']}")
+        path = snapshot / name
+        if not path.is_file():
+            raise ClefError(f"snapshot file {name} is missing from {snapshot}")
+        size = path.stat().st_size
+        if size != listed[name]["size"]:
+            raise ClefError(f"snapshot file {name} has {size} bytes, the record says {listed[name]['size']}")
+    for name in wanted:
+        digest = sha256_file(snapshot / name)
+        if digest != listed[name]["sha256"]:
+            raise ClefError(
+                f"snapshot file {name} is corrupt: sha256 {digest[:12]}... differs from the "
+                f"recorded {listed[name]['sha256'][:12]}..."
+            )
+    return snapshot

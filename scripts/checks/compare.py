@@ -1,0 +1,149 @@
+"""The error metric of every check, in one place: two figures per comparison, and NaN never passes.
+
+- global: max |x - ref| / max |ref| over the compared tensor, the figure a bound on a whole output sees;
+- per position: the worst, over positions t, of ||x_t - ref_t|| / ||ref_t||. Trained checkpoints
+  have a few massive-activation positions and channels; next to them an error at an ordinary position
+  is divided away in the global figure, and this one still shows it.
+Either side not finite: both figures are inf (NaN or inf in the output) or NaN (in the reference),
+and `judge` names the key. Every bound is checked as `not value <= limit`, so NaN fails it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from scripts.pipeline.errors import ClefError
+
+NOT_FINITE = {"inf": "NaN or inf in the output", "nan": "NaN or inf in the reference"}
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all())
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref| (inf: x not finite; NaN: ref not finite)."""
+    if not _finite(ref):
+        return float("nan")
+    if not _finite(x):
+        return float("inf")
+    x, ref = x.double(), ref.double()
+    return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
+
+
+def rel_per_position(x: torch.Tensor, ref: torch.Tensor, position_dim: int = -2) -> list[float]:
+    """||x_t - ref_t|| / ||ref_t|| at each position t along `position_dim` (the norm over every other
+    axis); inf where x_t is not finite, NaN where ref_t is not."""
+    x = x.double().movedim(position_dim, 0).reshape(x.shape[position_dim], -1)
+    ref = ref.double().movedim(position_dim, 0).reshape(ref.shape[position_dim], -1)
+    err = (x - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-300)
+    err[~torch.isfinite(x).all(dim=-1)] = float("inf")
+    err[~torch.isfinite(ref).all(dim=-1)] = float("nan")
+    return [float(e) for e in err]
+
+
+def figures(what: str, x: torch.Tensor, ref: torch.Tensor, position_dim: int | None = -2) -> dict:
+    """{"rel_<what>": global, "rel_per_position_<what>": worst position} for x against ref
+    (position_dim None: a tensor without positions, such as a recurrent state: the global figure only)."""
+    if tuple(x.shape) != tuple(ref.shape):
+        raise ClefError(f"compare {what}: shapes {list(x.shape)} and {list(ref.shape)} differ")
+    out = {f"rel_{what}": rel(x, ref)}
+    if position_dim is not None:
+        per = rel_per_position(x, ref, position_dim)
+        out[f"rel_per_position_{what}"] = largest(per)
+    return out
+
+
+def exceeds(value, limit: float) -> bool:
+    """True when `value` breaks `limit`: over it, NaN, inf or missing."""
+    return not (isinstance(value, (int, float)) and value <= limit)
+
+
+def describe(key: str, value, limit: float) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key} is {value} ({NOT_FINITE['nan' if math.isnan(value) else 'inf']})"
+    return f"{key} {value:.3g} > {limit:g}"
+
+
+WHERE = (
+    "check",
+    "backend",
+    "mode",
+    "signature",
+    "layer",
+    "L",
+    "record",
+    "p",
+    "s",
+    "question",
+    "entry",
+    "seed",
+    "input_scale",
+    "regime",
+    "initial_state",
+)
+
+
+def where(row: dict) -> str:
+    """`check=..., L=...: ` naming a row by its identifying keys ('' for a row without any)."""
+    text = ", ".join(f"{k}={row[k]}" for k in WHERE if k in row)
+    return f"{text}: " if text else ""
+
+
+def judge(rows: list[dict], limits: dict[str, float]) -> list[str]:
+    """One line per broken bound: limits {row key: bound}, checked in every row that has the key,
+    and rows whose `finite` flag is false."""
+    out = []
+    for r in rows:
+        if r.get("finite") is False:
+            out.append(f"{where(r)}an output is not finite")
+        for key, limit in limits.items():
+            if key in r and exceeds(r[key], limit):
+                out.append(f"{where(r)}{describe(key, r[key], limit)}")
+    return out
+
+
+def largest(values):
+    """max of figures, NaN winning (Python's max hides a NaN that is not first); None when empty."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return float("nan") if any(isinstance(v, float) and math.isnan(v) for v in vals) else max(vals)
+
+
+def worst(rows: list[dict], key: str):
+    """The largest `key` over the rows that have it (NaN wins: a NaN figure is never hidden by a max)."""
+    return largest(r[key] for r in rows if key in r)
+
+
+def shown(value, spec: str = ".3g") -> str:
+    """A figure for a log line; `n/a` where a control does not apply (None)."""
+    return "n/a" if value is None else format(value, spec)
+
+
+# ---- controls: a check rerun with the fault it exists to catch (scripts/checks/controls.py) ------------
+
+
+def margin(control_error, threshold: float):
+    """How many times its bound a fault's error is (NaN and inf: infinitely far; None: no fault)."""
+    if control_error is None:
+        return None
+    if not math.isfinite(control_error):
+        return float("inf")
+    return control_error / threshold
+
+
+def control_problems(name: str, control_error, threshold: float, min_over: float) -> list[str]:
+    """One line when the fault `name` moves the check's figure by less than min_over x its bound.
+    None: the fault does not exist in any of the check's records (recorded as not applying)."""
+    if control_error is None:
+        return []
+    m = margin(control_error, threshold)
+    if m >= min_over:
+        return []
+    return [
+        f"control {name}: the fault gives {control_error:.3g}, {m:.3g}x the bound {threshold:g} (needs >= "
+        f"{min_over:g}x): the check cannot see the failure it is named after"
+    ]

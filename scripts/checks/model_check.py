@@ -1,0 +1,194 @@
+"""Layer- and model-level verification of the patched stack against stock transformers.
+
+The reference is transformers' own stock classes with the same weights, run twice:
+- in fp32 as shipped (recorded), and
+- in float64, the exact stock function (the threshold applies here). The stock chunk kernel casts
+  to float32 inside, so its float64 run swaps in the `loop` form, which is the stock algorithm op
+  for op (a test shows it equal to the stock kernel bit for bit in fp32).
+Why both: the stock fp32 run has rounding of its own (its decays are differences of long cumulative
+sums, which cancel; `dd` is the cure), so a fp32-vs-fp32 figure partly measures the stock kernel.
+The figures show all three.
+
+verify_layers: every GatedDeltaNet, patched and under the form, against the stock class on random
+hidden states with a right pad (real positions). verify_model: the row graph against the stock twin
+for a full, a padded and a 1-token record at each L; and causality: garbage vs zero after the last
+real token leaves the real positions unchanged (at the same L; across L the float64 form shows the
+pad logic exact). Causality is not the pad guard: real positions never see later pads whatever the
+guard does; verify_pair's chaining with padded prefixes is what sees the guard.
+Both rerun with the memory-cut fault (scripts/checks/controls.py), which must break the bound.
+Errors: scripts/checks/compare.py, global and per position, over the real positions.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from scripts.checks import compare, controls
+from scripts.layers import gated_delta
+from scripts.qwen35 import patch
+from scripts.qwen35.host import Host
+from scripts.qwen35.row_graph import ClefRowPrefill
+
+EXACT = "loop"  # the stock algorithm; in float64 it is the exact reference
+
+
+def in_float64(module: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of a module (a stack or one GatedDeltaNet) running the exact stock algorithm."""
+    exact = copy.deepcopy(module).to(torch.float64)
+    gated_delta.set_form(exact, EXACT)
+    return exact
+
+
+def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1.0, 3.0), seeds=(5, 6)) -> list[dict]:
+    """`model`: a loaded stock text stack. Patches it in place (and applies `form`) on the way."""
+    layers = [(i, layer.linear_attn) for i, layer in enumerate(model.layers) if layer.block_type == "linear_attention"]
+    valid = torch.zeros(1, length)
+    valid[0, :n_real] = 1.0
+    cases = [
+        (
+            seed,
+            scale,
+            torch.randn(1, length, model.config.hidden_size, generator=torch.Generator().manual_seed(seed)) * scale,
+        )
+        for seed in seeds
+        for scale in scales
+    ]
+    with torch.no_grad():
+        refs = {}
+        for i, m in layers:
+            exact = in_float64(m)
+            for seed, scale, x in cases:
+                refs[(i, seed, scale)] = (m(x)[0, :n_real], exact(x.double())[0, :n_real])
+        patch.patch(model)
+        gated_delta.set_form(model, form)
+        rows = []
+        for i, m in layers:
+            for seed, scale, x in cases:
+                with patch.count_interleave(m) as calls:
+                    out = m(x, attention_mask=valid)[0, :n_real]
+                stock, exact = refs[(i, seed, scale)]
+                row = {"layer": i, "seed": seed, "input_scale": scale, "L": length, "n_real": n_real}
+                if controls.memory_cut_applies(form, n_real):
+                    with controls.memory_cut(m, form):
+                        row["control_memory_cut_rel_vs_stock_f64"] = compare.rel(
+                            m(x, attention_mask=valid)[0, :n_real], exact
+                        )
+                rows.append(
+                    {
+                        **row,
+                        **compare.figures("vs_stock_f64", out, exact),
+                        **compare.figures("vs_stock_fp32", out, stock),
+                        **compare.figures("stock_fp32_vs_f64", stock, exact),
+                        "finite": bool(torch.isfinite(out).all()),
+                        "interleave_calls": calls["calls"],
+                        "interleave_calls_expected": 2,
+                    }
+                )
+    return rows
+
+
+def random_ids(n: int, vocab: int, seed: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[dict]:
+    """Row graph vs the stock twin, and causality, at every L. `model`: patched, form applied."""
+    form = gated_delta.gated_deltanets(model)[0].chunk_gated_delta_rule.form
+    twin = patch.stock_twin(model)
+    twin64 = in_float64(twin)
+    model64 = copy.deepcopy(model).to(torch.float64)  # the form itself in float64: pad logic, no rounding
+    gdn_layers = len(gated_delta.gated_deltanets(model))
+    rows = []
+    for length in lengths:
+        graph = ClefRowPrefill(model, length).eval()
+        for kind, n in {"full": length, "padded": length - length // 3, "one_token": 1}.items():
+            inputs = host.record(random_ids(n, vocab, seed + length + n), length)
+            host.check(inputs, length)
+            real = inputs["embeds"][:, :n]
+            with torch.no_grad(), patch.count_interleave(graph) as calls:
+                hidden = graph(**inputs)["hidden"][0, :n]
+            with torch.no_grad():
+                stock = twin(inputs_embeds=real, use_cache=False).last_hidden_state[0]
+                exact = twin64(inputs_embeds=real.double(), use_cache=False).last_hidden_state[0]
+            control = {}
+            if controls.memory_cut_applies(form, n):
+                with torch.no_grad(), controls.memory_cut(model, form):
+                    control["control_memory_cut_rel_vs_stock_f64"] = compare.rel(
+                        graph(**inputs)["hidden"][0, :n], exact
+                    )
+            rows.append(
+                {
+                    "check": "vs_stock",
+                    "L": length,
+                    "record": kind,
+                    "n_real": n,
+                    **compare.figures("vs_stock_f64", hidden, exact),
+                    **compare.figures("vs_stock_fp32", hidden, stock),
+                    **compare.figures("stock_fp32_vs_f64", stock, exact),
+                    **control,
+                    "finite": bool(torch.isfinite(hidden).all()),
+                    "interleave_calls": calls["calls"],
+                    "interleave_calls_expected": 2 * gdn_layers,
+                }
+            )
+        rows.append(causality(model, model64, host, length, vocab, seed))
+    return rows
+
+
+def causality(model, model64, host: Host, length: int, vocab: int, seed: int) -> dict:
+    """One record of n tokens: zero pads to L, garbage pads to L, and no pads (a graph of L = n).
+
+    Garbage vs zero pads at the same L must agree exactly (same shapes, same arithmetic). Across pad
+    amounts the fp32 shapes differ, so rounding differs (recorded); the float64 run of the same form
+    shows the arithmetic after the last token changes nothing before it. In a causal model this holds
+    with or without the pad guard: it shows causality, and cannot see the guard."""
+    n = length // 2 + 3  # not a multiple of any chunk
+    ids = random_ids(n, vocab, seed + 7 * length)
+    zero = host.record(ids, length)
+    garbage = {k: v.clone() for k, v in zero.items()}
+    gen = torch.Generator().manual_seed(seed + length)
+    for key in ("embeds", "cos", "sin"):
+        garbage[key][:, n:] = 5.0 * torch.randn(garbage[key][:, n:].shape, generator=gen)
+    bare = host.record(ids, n)
+
+    def run(m, inputs, size, dtype):
+        with torch.no_grad():
+            return ClefRowPrefill(m, size).to(dtype)(**{k: v.to(dtype) for k, v in inputs.items()})["hidden"][0, :n]
+
+    h_zero, h_garbage, h_bare = (
+        run(model, zero, length, torch.float32),
+        run(model, garbage, length, torch.float32),
+        run(model, bare, n, torch.float32),
+    )
+    e_zero, e_garbage, e_bare = (
+        run(model64, zero, length, torch.float64),
+        run(model64, garbage, length, torch.float64),
+        run(model64, bare, n, torch.float64),
+    )
+    return {
+        "check": "causality",
+        "L": length,
+        "n_real": n,
+        "rel_causality": compare.largest(
+            [compare.rel(h_garbage, h_zero), compare.rel(e_garbage, e_zero), compare.rel(e_bare, e_zero)]
+        ),
+        "rel_garbage_vs_zero_pads": compare.rel(h_garbage, h_zero),
+        "rel_f64_garbage_vs_zero_pads": compare.rel(e_garbage, e_zero),
+        "rel_f64_no_pads_vs_zero_pads": compare.rel(e_bare, e_zero),
+        "fp32_rel_no_pads_vs_zero_pads": compare.rel(h_bare, h_zero),
+        "finite": bool(torch.isfinite(h_garbage).all()),
+    }
+
+
+def failures(rows: list[dict], limits: dict) -> list[str]:
+    """limits: {row key: bound} (scripts/checks/compare.py judges them, NaN failing). -> one line per row over
+    a bound, not finite, or with a miscounted head interleave."""
+    out = compare.judge(rows, limits)
+    for r in rows:
+        if "interleave_calls_expected" in r and r["interleave_calls"] != r["interleave_calls_expected"]:
+            out.append(
+                f"{compare.where(r)}{r['interleave_calls']} interleave calls, expected {r['interleave_calls_expected']}"
+            )
+    return out

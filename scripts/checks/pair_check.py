@@ -1,0 +1,169 @@
+"""Verification of a shared-state pair by chaining, in torch and in the LiteRT interpreter.
+
+- chaining: suffix(prefix(x[:p]), x[p:p+s]) vs row(x[:p+s]) at the suffix positions, and the
+  prefix's own hidden vs the row at the prefix positions, for p in {1, P/2, P} (1 and P/2 leave the
+  prefix right-padded) and s in {1, S};
+- the prefix state vs transformers' own cache after the same tokens, the stock classes computed in
+  float64 (the bound) and in fp32 (recorded): the recurrent state divided by 2^vs, the conv state
+  (its last K-1 inputs), K and V at the real slots, and the slot flags;
+- reuse: one prefix state, three different suffixes, each against its own full row.
+Controls (scripts/checks/controls.py), in every chaining row: the suffix fed the prefix state with its
+recurrent states zeroed; and, where the graph can be changed (torch), the prefix run without the pad
+guard. Errors: scripts/checks/compare.py, global and per position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scripts.checks import compare, controls, model_check
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import PairRunner, PairState
+from scripts.qwen35.row_graph import ClefRowPrefill
+
+
+def chaining(runner: PairRunner, row, vocab: int, seed: int, pad_guard_control: bool = False) -> list[dict]:
+    """pad_guard_control: also chain with the prefix run under controls.without_pad_guard() (only a
+    torch runner can: a LiteRT graph has its guard built in)."""
+    P, S = runner.P, runner.S
+    rows = []
+    for p in sorted({1, P // 2, P}):
+        for s in sorted({1, S}):
+            ids = model_check.random_ids(p + s, vocab, seed + 100 * p + s)
+            prefix_hidden, state = runner.prefix(ids[:p])
+            hidden = runner.suffix(state, ids[p:])
+            cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
+            with torch.no_grad():
+                ref = row(**runner.host.record(ids, P + S))["hidden"]
+            r = {
+                "check": "chaining",
+                "p": p,
+                "s": s,
+                "prefix_padded": p < P,
+                **compare.figures("vs_row", hidden, ref[:, p : p + s]),
+                "control_zero_state_rel_vs_row": compare.rel(runner.suffix(cut, ids[p:]), ref[:, p : p + s]),
+                "finite": bool(torch.isfinite(hidden).all()),
+            }
+            if pad_guard_control:
+                with controls.without_pad_guard():
+                    _, unguarded = runner.prefix(ids[:p])
+                r["control_no_pad_guard_rel_vs_row"] = compare.rel(runner.suffix(unguarded, ids[p:]), ref[:, p : p + s])
+            rows.append(r)
+            if s == 1:  # the prefix hidden does not depend on s
+                rows.append(
+                    {
+                        "check": "prefix_hidden",
+                        "p": p,
+                        **compare.figures("vs_row", prefix_hidden, ref[:, :p]),
+                        "finite": bool(torch.isfinite(prefix_hidden).all()),
+                    }
+                )
+    return rows
+
+
+def reuse(runner: PairRunner, row, vocab: int, seed: int) -> list[dict]:
+    P, S = runner.P, runner.S
+    p = P // 2
+    shared = model_check.random_ids(p, vocab, seed)
+    _, state = runner.prefix(shared)
+    rows = []
+    for k in range(3):
+        question = model_check.random_ids(S, vocab, seed + 1 + k)
+        hidden = runner.suffix(state, question)
+        with torch.no_grad():
+            ref = row(**runner.host.record(shared + question, P + S))["hidden"][:, p : p + S]
+        rows.append(
+            {
+                "check": "reuse",
+                "p": p,
+                "s": S,
+                "question": k,
+                **compare.figures("vs_row", hidden, ref),
+                "finite": bool(torch.isfinite(hidden).all()),
+            }
+        )
+    return rows
+
+
+class StockCaches:
+    """transformers' stock classes over the same weights, in float64 (the truth) and fp32."""
+
+    def __init__(self, model):
+        self.fp32 = patch.stock_twin(model)
+        self.exact = model_check.in_float64(self.fp32)
+
+    def after(self, embeds: torch.Tensor) -> tuple:
+        """[1, n, H] real-token embeddings -> (float64 cache, fp32 cache) after them."""
+        with torch.no_grad():
+            return (
+                self.exact(inputs_embeds=embeds.double(), use_cache=True).past_key_values,
+                self.fp32(inputs_embeds=embeds, use_cache=True).past_key_values,
+            )
+
+
+def cache_entries(model, cache, p: int) -> dict:
+    """A stock cache as our state's entries: {name: tensor} (the recurrent state unscaled)."""
+    out = {}
+    for i, layer in enumerate(model.layers):
+        c = cache.layers[i]
+        if layer.block_type == "linear_attention":
+            k1 = layer.linear_attn.conv_kernel_size - 1
+            out[f"gdn{i}_recurrent"] = c.recurrent_states[0]
+            out[f"gdn{i}_conv"] = c.conv_states[0][..., -k1:]
+        else:
+            out[f"attn{i}_k"], out[f"attn{i}_v"] = c.keys, c.values
+    return out
+
+
+def state_vs_transformers(
+    runner: PairRunner, model, vocab: int, seed: int, stock: StockCaches | None = None
+) -> list[dict]:
+    """The prefix state after p = P/2 tokens vs the stock caches after the same tokens: a row per entry."""
+    p = runner.P // 2
+    ids = model_check.random_ids(p, vocab, seed)
+    _, state = runner.prefix(ids)
+    stock = stock or StockCaches(model)
+    exact, fp32 = (cache_entries(model, c, p) for c in stock.after(runner.host.record(ids, p)["embeds"][:, :p]))
+    scale = 2.0**runner.vs
+    rows = []
+    for name, ref in exact.items():
+        ours = state.tensors[name]
+        ours = ours / scale if name.endswith("_recurrent") else (ours[:, :, :p] if name.startswith("attn") else ours)
+        dim = pair_graph.position_dim(name)
+        rows.append(
+            {
+                "check": "state",
+                "p": p,
+                "entry": name,
+                **compare.figures("state_vs_stock_f64", ours, ref, dim),
+                **compare.figures("state_vs_stock_fp32", ours, fp32[name], dim),
+                "finite": bool(torch.isfinite(ours).all()),
+            }
+        )
+    slots = state.tensors[pair_graph.SLOTS]
+    rows.append(
+        {
+            "check": "state",
+            "p": p,
+            "entry": pair_graph.SLOTS,
+            **compare.figures("state_vs_stock_f64", slots, (torch.arange(runner.P) < p).float()[None], None),
+            "finite": bool(torch.isfinite(slots).all()),
+        }
+    )
+    return rows
+
+
+def check(
+    runner: PairRunner,
+    model,
+    vocab: int,
+    seed: int = 0,
+    pad_guard_control: bool = False,
+    stock: StockCaches | None = None,
+) -> list[dict]:
+    row = ClefRowPrefill(model, runner.P + runner.S).eval()
+    return (
+        chaining(runner, row, vocab, seed, pad_guard_control)
+        + reuse(runner, row, vocab, seed + 7)
+        + state_vs_transformers(runner, model, vocab, seed + 13, stock)
+    )

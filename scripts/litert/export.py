@@ -1,0 +1,77 @@
+"""Export a row graph to LiteRT: checks first, then litert_torch.convert, then our metadata, then an
+atomic write, so a conversion that fails midway leaves no `.tflite` behind.
+
+Conversion is litert_torch's lightweight mode written straight to a scratch file: constants are
+handled lazily, so converting clef-flash-width weights costs little more memory than the weights
+themselves (the default mode's peak is several times the weights: README, "Real width"), and
+the op census of our graphs is the same in both modes (checked at L=64 and L=256).
+
+The metadata entry (`clef_litert`, JSON) makes the file self-describing: repo, revision, form, L,
+contract, the params it read, the versions of torch / transformers / litert-torch, and the git commit
+(and whether the pipeline's inputs were clean) that produced it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from scripts.layers import kernel_form
+from scripts.layers.kernel_form import Form
+from scripts.litert import tflite_file
+from scripts.pipeline import params, provenance
+from scripts.pipeline.errors import ClefError
+
+DEFAULT_SIGNATURE = "serving_default"  # the name litert_torch.convert gives a lone signature
+
+
+def check_exportable(form: Form, length: int, max_positions: int) -> None:
+    """Refuse, before any conversion, what the exporter cannot turn into a delegate-ready graph."""
+    if not isinstance(length, int) or length <= 0:
+        raise ClefError(f"L={length!r} is not a positive integer")
+    params.within_context(f"L={length}", length, max_positions)
+    kernel_form.check_exportable(form)
+
+
+def convert(module: torch.nn.Module, sample_kwargs: dict, path: Path) -> None:
+    """litert_torch.convert of a module on named float32 inputs, written to `path`."""
+    convert_signatures({DEFAULT_SIGNATURE: (module, sample_kwargs)}, path)
+
+
+def convert_signatures(signatures: dict, path: Path) -> None:
+    """One model with several named signatures {name: (module, sample_kwargs)} written to `path`;
+    modules that share parameters share their weight buffers in the file."""
+    import litert_torch
+
+    converter = litert_torch.Converter()
+    for name, (module, kwargs) in signatures.items():
+        converter.signature(name, module.eval(), sample_kwargs=kwargs)
+    converter.convert(lightweight_conversion=True).export(str(path))
+
+
+def metadata(rec: dict, form: str, contract: dict, shape: dict, params_used: dict) -> dict:
+    """What `clef audit` prints from the file alone. `shape` is {"kind": "row", "L": ..} or
+    {"kind": "pair", "P": .., "S": ..}; `params_used` the params.yaml values the export read."""
+    versions = provenance.package_versions()
+    return {
+        "repo": rec["repo"],
+        "revision": rec["revision"],
+        "source": rec["source"],
+        "form": form,
+        **shape,
+        "contract_version": contract["version"],
+        "contract": contract,
+        "params": params_used,
+        "versions": {k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
+        "git": provenance.git_state(),
+    }
+
+
+def write(out: Path, raw: Path, meta: dict) -> int:
+    """The converted file `raw` with the metadata embedded, written atomically to `out`; -> bytes.
+    A graph that fails the census gate (tflite_file.violations) is refused here, before it is written."""
+    found = tflite_file.violations(tflite_file.census(raw))
+    if found:
+        raise ClefError(f"{out}: the converted graph fails the census gate: {'; '.join(found)}")
+    return tflite_file.write_with_metadata(raw, out, meta)

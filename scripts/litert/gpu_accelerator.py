@@ -1,0 +1,216 @@
+"""LiteRT's GPU accelerator (ML Drift over WebGPU): compile a graph for it alone, run its signatures,
+and say what it refused and which adapter ran it.
+
+The accelerator reports from C++ on the process's stderr: the adapter it selected, and the ops it
+refused ("Following operations are not supported by GPU delegate: BROADCAST_TO: ..."). Those lines
+are the only place the truth is told (LiteRT's own ModelAnalyzer passes graphs the accelerator
+refuses), so `compile` captures file descriptor 2 while it runs and parses it.
+
+On a machine without a GPU, Mesa's software Vulkan driver (lavapipe) gives Dawn an adapter. Without
+any adapter the accelerator cannot start: that is one ClefError naming what to install, never a
+silent run on the CPU. Graphs are compiled for the GPU alone (no CPU fallback), so "compiled" means
+"fully accelerated"; `is_fully_accelerated()` is recorded as well.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scripts.pipeline.errors import ClefError
+
+INSTALL_HINT = (
+    "no Vulkan adapter for LiteRT's GPU accelerator: install Mesa's Vulkan driver >= 25 "
+    "(`make env` does it as root on Debian 12/13: mesa-vulkan-drivers, from bookworm-backports on 12) "
+    "or run on a machine with a GPU"
+)
+_ADAPTER = re.compile(r"Selected adapter: (.+?)(?:, arch=|$)", re.M)
+REFUSED_HEAD = "Following operations are not supported by GPU delegate:"
+FALLBACK = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
+_NO_ADAPTER = ("No adapters found", "Failed to create WebGPU", "No GPU adapter", "Failed to create a WebGPU")
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """Redirect file descriptor 2 (where the C++ runtime logs) to a file for the block;
+    -> a dict whose "text" holds what was written once the block ends."""
+    out: dict = {"text": ""}
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.seek(0)
+            out["text"] = f.read().decode(errors="replace")
+
+
+def refused_ops(log: str) -> list[str]:
+    """The ops the accelerator refused, as "OP: reason", in the order it listed them."""
+    ops: list[str] = []
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if REFUSED_HEAD in line:
+            for nxt in lines[i + 1 :]:
+                if not re.match(r"^[A-Z0-9_]+: ", nxt.strip()):
+                    break
+                if nxt.strip() not in ops:
+                    ops.append(nxt.strip())
+    return ops
+
+
+def adapter_name(log: str) -> str | None:
+    m = _ADAPTER.search(log)
+    return m.group(1).strip() if m else None
+
+
+@dataclass
+class Compiled:
+    """One graph compiled for the GPU accelerator alone, in fp32 or fp16 mode."""
+
+    path: Path
+    fp32: bool
+    model: object
+    adapter: str
+    fully_accelerated: bool
+    log: str = field(repr=False)
+
+    def close(self) -> None:
+        """Release the compiled model now, with the runtime's teardown log kept off stderr (it logs
+        every accelerator it destroys)."""
+        with captured_stderr():
+            self.model = None
+            gc.collect()
+
+    def signature(self, name: str | None = None):
+        """A signature as a callable on named torch tensors -> {output name: float32 tensor}."""
+        sigs = self.model.get_signature_list()
+        key = name if name is not None else next(iter(sigs))
+        if key not in sigs:
+            raise ClefError(f"{self.path}: no signature {key!r} (has {sorted(sigs)})")
+        index = self.model.get_signature_index(key)
+        inputs, outputs = sigs[key]["inputs"], sigs[key]["outputs"]
+        out_details = self.model.get_output_tensor_details(key)
+
+        def call(**feeds):
+            missing = sorted(set(inputs) - set(feeds))
+            if missing:
+                raise ClefError(f"{self.path} [{key}]: inputs {missing} not given")
+            in_bufs = self.model.create_input_buffers(index)
+            out_bufs = self.model.create_output_buffers(index)
+            for buf, n in zip(in_bufs, inputs, strict=True):
+                buf.write(np.ascontiguousarray(feeds[n].detach().cpu().numpy(), dtype=np.float32))
+            with captured_stderr():  # the runtime logs every run from C++; what matters is in the outputs
+                self.model.run_by_index(index, in_bufs, out_bufs)
+            result = {}
+            for buf, n in zip(out_bufs, outputs, strict=True):
+                shape = [int(d) for d in out_details[n]["shape"]]
+                result[n] = torch.from_numpy(buf.read(int(np.prod(shape)), np.float32).reshape(shape).copy())
+            return result
+
+        return call
+
+
+def holding(census: dict | None, op: str) -> list[str]:
+    """The signatures whose subgraph holds `op` (from tflite_file.census), to name where a refusal is."""
+    return [name for name, sig in (census or {}).get("signatures", {}).items() if op in sig.get("ops", {})]
+
+
+def _quiet_teardown() -> None:
+    """At exit, after the last line of ours: the runtime logs every accelerator it destroys on fd 2,
+    which would follow a stage's one-line error. Send fd 2 to /dev/null for the teardown."""
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+
+
+def load(path, accelerators, fp32: bool = True) -> tuple:
+    """CompiledModel.from_file on `accelerators` (HardwareAccelerator flags), fp32 = enforce_f32, with
+    the runtime's log captured; -> (model or None, log text, the runtime's error or None)."""
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.options import Options
+
+    atexit.unregister(_quiet_teardown)  # one entry, however many graphs are compiled
+    atexit.register(_quiet_teardown)
+    options = Options(hardware_accelerators=accelerators)
+    options.gpu_options.enforce_f32 = fp32
+    model, error = None, None
+    with captured_stderr() as log:
+        try:
+            model = CompiledModel.from_file(str(path), options=options)
+        except RuntimeError as exc:
+            error = " ".join(str(exc).split())
+    return model, log["text"], error
+
+
+def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: A001  (the accelerator's word)
+    """Compile `path` for the GPU accelerator alone; fp32 = enforce_f32, else the default fp16 mode.
+    A refused op (named with the signatures that hold it, given the file's census), a partial
+    acceleration or a missing adapter is a ClefError naming it."""
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no {path} to compile for the GPU")
+    mode = "fp32" if fp32 else "fp16"
+    model, text, error = load(path, HardwareAccelerator.GPU, fp32)
+    name = adapter_name(text)
+    if name is None or any(s in text for s in _NO_ADAPTER):
+        raise ClefError(f"{path}: {INSTALL_HINT}")
+    refused = refused_ops(text)
+    if refused or error is not None:
+        fallback = FALLBACK.search(text)
+        counts = (
+            f"; {fallback.group(2)} of {int(fallback.group(1)) + int(fallback.group(2))} ops would run on the CPU"
+            if fallback
+            else ""
+        )
+        where = holding(census, refused[0].split(":")[0]) if refused else []
+        first = (
+            f"first refused op {refused[0]}" + (f" in signature {', '.join(where)}" if where else "")
+            if refused
+            else f"the accelerator said: {error}"
+        )
+        raise ClefError(f"{path} ({mode}): not compiled for the GPU accelerator alone on {name}: {first}{counts}")
+    return Compiled(path, fp32, model, name, bool(model.is_fully_accelerated()), text)
+
+
+def driver_info() -> str | None:
+    """The Vulkan driver's own description (`vulkaninfo --summary`: driverName and driverInfo), or None
+    when vulkan-tools is not installed."""
+    import shutil
+    import subprocess
+
+    if shutil.which("vulkaninfo") is None:
+        return None
+    try:
+        text = subprocess.run(["vulkaninfo", "--summary"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    fields = dict(re.findall(r"^\s*(driverName|driverInfo|deviceName)\s*=\s*(.+)$", text, re.M))
+    return " / ".join(fields[k] for k in ("deviceName", "driverName", "driverInfo") if k in fields) or None
+
+
+def device(compiled: Compiled) -> dict:
+    """What ran a graph: the adapter Dawn selected (as its log names it) and the Vulkan driver."""
+    line = next((ln for ln in compiled.log.splitlines() if "Selected adapter:" in ln), "")
+    return {
+        "adapter": compiled.adapter,
+        "selected": line.split("Selected adapter:", 1)[-1].strip(),
+        "driver": driver_info(),
+        "software": "adapterType=CPU" in line or "arch=software" in line,
+    }

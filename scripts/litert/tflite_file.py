@@ -1,0 +1,301 @@
+"""Reading a `.tflite` file itself: its op census, and the provenance metadata we embed in it.
+
+The census is what GPU delegates and stock interpreters care about, read from the flatbuffer rather
+than trusted from the converter: every op with its count, the largest tensor rank, the tensor dtypes,
+and the ops of each GatedDeltaNet layer (attributed through the source-module paths the converter
+writes into tensor names). `violations()` lists what makes a model unfit: a tensor of rank > 4, a
+custom op, a STABLEHLO_* op, an op of BANNED_OPS (WHILE, CUMSUM, GATHER_ND, BROADCAST_TO), an int64
+tensor, a PAD of a tensor of rank < 4, a signature output that is an input or another output's tensor.
+
+A flatbuffer cannot exceed 2 GB, so a larger model is written as a small flatbuffer head followed by
+the weight data, each buffer naming its absolute file offset. Everything here reads only the head
+(`read_head`), and `write_with_metadata` rebuilds the head and streams the data after it, shifting
+the offsets: a 3.5 GB graph is never held in memory, let alone re-serialized.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import mmap
+import re
+import shutil
+from pathlib import Path
+
+from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.tools import flatbuffer_utils
+
+METADATA_NAME = "clef_litert"
+FILE_IDENTIFIER = b"TFL3"  # bytes 4-8 of every TFLite flatbuffer
+# Ops a graph must not hold, with who refuses them: the census gate (`violations`) fails an export and
+# a verify stage on any of them. BROADCAST_TO passes the interpreter and LiteRT's ModelAnalyzer in GPU
+# mode, but the GPU accelerator refuses it (and with it the whole graph, GPU-only): learned by verify_gpu.
+# Ops LiteRT's GPU accelerator runs right only on inputs of at least this rank, learned by verify_gpu:
+# PAD of rank 2 is refused ("Invalid paddings tensor shape: expected 4x2 or 3x2, got 2x2"), and a
+# rank-3 PAD it accepts computed wrong here (tests/test_gpu_accelerator.py shows both).
+RANK_LIMITED_OPS = {"PAD": 4}
+BANNED_OPS = {
+    "WHILE": "loops: GPU delegates and NNAPI run no control flow",
+    "CUMSUM": "GPU delegates have no cumulative sum",
+    "GATHER_ND": "GPU delegates reject it",
+    "BROADCAST_TO": "LiteRT's GPU accelerator: 'Operation is not supported'",
+}
+MAX_RANK = 4
+_OP_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+_TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+_GDN_LAYER = re.compile(r"DecoderLayer_(\d+)/[^/;]*ClefGatedDeltaNet")
+
+
+DATA_ALIGN = 64  # external buffers start on 64-byte boundaries (the converter's own choice: SIMD loads)
+COPY_CHUNK = 1 << 26
+
+
+def _data_start(buf) -> int:
+    """Where the external weight data begins (the smallest buffer offset), or len(buf) if the model
+    keeps all its data inside the flatbuffer. Offsets 0 and 1 mean "inline" in the schema."""
+    model = schema.Model.GetRootAs(buf, 0)
+    offsets = [model.Buffers(i).Offset() for i in range(model.BuffersLength())]
+    external = [o for o in offsets if o > 1]
+    return min(external) if external else len(buf)
+
+
+def truncation(buf, size: int) -> str | None:
+    """Why the flatbuffer at the start of `buf` (a file of `size` bytes) is cut short, or None: a table
+    or vector that reaches past the end (found by unpacking the whole flatbuffer: flatbuffers reads
+    lazily, so a file cut by a few bytes still yields its metadata), or an external buffer that does."""
+    try:
+        head = bytearray(buf[: _data_start(buf)])
+        model = flatbuffer_utils.convert_bytearray_to_object(head)
+    except Exception as exc:  # struct.error / ValueError / IndexError on a cut table or vector
+        return f"its flatbuffer cannot be read to the end ({type(exc).__name__}: {exc})"
+    for i, b in enumerate(model.buffers or []):
+        if b.offset > 1 and b.offset + b.size > size:
+            return f"buffer {i} ends at byte {b.offset + b.size}, past the file's {size} bytes"
+    return None
+
+
+def read_head(path) -> bytes:
+    """The flatbuffer part of a .tflite file: the whole file when it is under the 2 GB limit, else
+    the bytes before the first external buffer (read through mmap, never the weights). A file cut
+    short is a ClefError, not a model with part of its weights."""
+    from scripts.pipeline.errors import ClefError
+
+    size = Path(path).stat().st_size
+    if size < 8:
+        raise ClefError(f"{path} is not a readable .tflite model: {size} bytes")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[4:8] != FILE_IDENTIFIER:
+            raise ClefError(f"{path} is not a readable .tflite model: no {FILE_IDENTIFIER.decode()} identifier")
+        why = truncation(mm, size)
+        if why is None:
+            return bytes(mm[: _data_start(mm)])
+    raise ClefError(f"{path} is truncated or damaged: {why}")
+
+
+def _head_of(model) -> bytes:
+    """`model` is the bytes of a whole (small) model, or a path to a file of any size."""
+    return model if isinstance(model, (bytes, bytearray)) else read_head(model)
+
+
+def _name(x) -> str:
+    return x.decode() if isinstance(x, bytes) else (x or "")
+
+
+def op_name(model, op) -> str:
+    code = model.operatorCodes[op.opcodeIndex]
+    builtin = flatbuffer_utils.get_builtin_code_from_operator_code(code)
+    if builtin == schema.BuiltinOperator.CUSTOM:
+        return f"CUSTOM:{_name(code.customCode)}"
+    return _OP_NAMES.get(builtin, f"UNKNOWN_{builtin}")
+
+
+def census(source) -> dict:
+    """`source`: model bytes or a .tflite path."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(_head_of(source)))
+    ops = collections.Counter()
+    dtypes = collections.Counter()
+    max_rank = 0
+    per_gdn = collections.Counter()
+    low_rank = collections.Counter()
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            dtypes[_TYPE_NAMES.get(t.type, str(t.type))] += 1
+            max_rank = max(max_rank, len(t.shape) if t.shape is not None else 0)
+        for op in sg.operators:
+            name = op_name(model, op)
+            ops[name] += 1
+            if name in RANK_LIMITED_OPS and len(sg.tensors[op.inputs[0]].shape) < RANK_LIMITED_OPS[name]:
+                low_rank[name] += 1
+            first_path = _name(sg.tensors[op.outputs[0]].name).split(";")[0] if len(op.outputs) else ""
+            if m := _GDN_LAYER.search(first_path):
+                per_gdn[int(m.group(1))] += 1
+    signatures = {}
+    for sig in model.signatureDefs or []:
+        sg = model.subgraphs[sig.subgraphIndex]
+        sig_ops = collections.Counter(op_name(model, op) for op in sg.operators)
+
+        def io(entries, sg=sg):
+            return [
+                {
+                    "name": _name(e.name),
+                    "shape": [int(d) for d in sg.tensors[e.tensorIndex].shape],
+                    "dtype": _TYPE_NAMES.get(sg.tensors[e.tensorIndex].type, "?").lower(),
+                }
+                for e in entries
+            ]
+
+        inputs = {e.tensorIndex: _name(e.name) for e in sig.inputs}
+        by_tensor = collections.defaultdict(list)
+        for e in sig.outputs:
+            by_tensor[e.tensorIndex].append(_name(e.name))
+        aliased = sorted(
+            [f"{', '.join(sorted(names))} = input {inputs[t]}" for t, names in by_tensor.items() if t in inputs]
+            + [" = ".join(sorted(names)) for t, names in by_tensor.items() if len(names) > 1 and t not in inputs]
+        )
+        signatures[_name(sig.signatureKey)] = {
+            "inputs": io(sig.inputs),
+            "outputs": io(sig.outputs),
+            "ops": dict(sorted(sig_ops.items())),
+            "aliased_outputs": aliased,
+        }
+    return {
+        "ops": dict(sorted(ops.items())),
+        "op_total": sum(ops.values()),
+        "max_rank": max_rank,
+        "dtypes": dict(sorted(dtypes.items())),
+        "subgraphs": len(model.subgraphs),
+        "ops_per_gdn_layer": {str(k): v for k, v in sorted(per_gdn.items())},
+        "low_rank_ops": dict(sorted(low_rank.items())),
+        "signatures": signatures,
+    }
+
+
+def violations(c: dict) -> list[str]:
+    """What makes the model unfit for GPU delegates and stock interpreters, one line each."""
+    out = []
+    if c["max_rank"] > MAX_RANK:
+        out.append(f"a tensor of rank {c['max_rank']} (> {MAX_RANK})")
+    for op, n in c["ops"].items():
+        if op in BANNED_OPS:
+            out.append(f"op {op} x{n} ({BANNED_OPS[op]})")
+        elif op.startswith("CUSTOM:") or op.startswith("STABLEHLO_"):
+            out.append(f"op {op} x{n}")
+    for op, n in c.get("low_rank_ops", {}).items():
+        out.append(
+            f"op {op} x{n} on a tensor of rank < {RANK_LIMITED_OPS[op]} "
+            "(LiteRT's GPU accelerator refuses it or computes it wrong)"
+        )
+    for name, sig in c["signatures"].items():
+        for alias in sig.get("aliased_outputs", []):
+            out.append(
+                f"signature {name}: outputs that are one tensor ({alias}): CompiledModel names them after "
+                "one tensor, and the GPU accelerator leaves an output that is an input unwritten"
+            )
+    if c["dtypes"].get("INT64"):
+        out.append(f"{c['dtypes']['INT64']} int64 tensors")
+    return out
+
+
+def _with_entry(head: bytes, meta: dict, shift: int):
+    """The object-API model of `head` with `meta` as its METADATA_NAME entry (an old one replaced)
+    and every external buffer offset moved by `shift` bytes."""
+    # convert_bytearray_to_object, not read_model_from_bytearray: the latter resolves external
+    # buffers into inline data and zeroes their offsets, which would silently drop the weights.
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
+    for op in (o for sg in model.subgraphs for o in sg.operators):
+        if getattr(op, "largeCustomOptionsOffset", 0) > 1:
+            raise ValueError("a model with external custom options cannot be re-headed")
+    model.metadata = [m for m in (model.metadata or []) if _name(m.name) != METADATA_NAME]
+    for buf in model.buffers:
+        if buf.offset > 1:
+            buf.offset += shift
+    buf = schema.BufferT()
+    buf.data = list(json.dumps(meta, sort_keys=True).encode())
+    model.buffers.append(buf)
+    entry = schema.MetadataT()
+    entry.name = METADATA_NAME
+    entry.buffer = len(model.buffers) - 1
+    model.metadata.append(entry)
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def with_metadata(content: bytes, meta: dict) -> bytes:
+    """A small (inline-data) model's bytes with `meta` stored as its METADATA_NAME entry."""
+    if _data_start(content) != len(content):
+        raise ValueError("model has external buffers: use write_with_metadata on its file")
+    return _with_entry(content, meta, 0)
+
+
+def write_with_metadata(src, dst, meta: dict) -> int:
+    """Write model file `src` to `dst` (atomically) with `meta` as its METADATA_NAME entry; -> bytes.
+
+    A model with external buffers gets a new head, then the data region copied unchanged and shifted
+    as a whole by a multiple of DATA_ALIGN, so every buffer keeps its alignment."""
+    from scripts.pipeline import atomic
+
+    src = Path(src)
+    size = src.stat().st_size
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        start = _data_start(mm)
+        head = bytes(mm[:start])
+    if start == size:
+        atomic.write_bytes(dst, _with_entry(head, meta, 0))
+        return Path(dst).stat().st_size
+    # The new head's length does not depend on the shift (offsets are fixed-width fields), so one
+    # trial build gives the length; the shift is then the smallest aligned one that clears it.
+    grown = len(_with_entry(head, meta, 0)) - start
+    shift = -(-grown // DATA_ALIGN) * DATA_ALIGN
+    new_head = _with_entry(head, meta, shift)
+    assert len(new_head) <= start + shift
+    with atomic.writing(dst) as out, open(src, "rb") as f:
+        out.write(new_head)
+        out.write(bytes(start + shift - len(new_head)))
+        f.seek(start)
+        shutil.copyfileobj(f, out, COPY_CHUNK)
+    return Path(dst).stat().st_size
+
+
+def read_metadata(source) -> dict | None:
+    """The METADATA_NAME entry of model bytes or a .tflite path (only its head is read)."""
+    buf = _head_of(source)
+    model = schema.Model.GetRootAs(buf, 0)
+    for i in range(model.MetadataLength()):
+        entry = model.Metadata(i)
+        if _name(entry.Name()) == METADATA_NAME:
+            return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode())
+    return None
+
+
+def metadata_mismatches(meta: dict | None, expected: dict) -> list[str]:
+    """What a graph's metadata (read_metadata) says against what it should: one phrase per key that
+    differs, [] when every expected key agrees. Every check of a graph's identity goes through here."""
+    if meta is None:
+        return [f"no {METADATA_NAME} metadata entry"]
+    return [f"{k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
+
+
+def matmul_flops(source) -> dict:
+    """FLOPs of the model's multiply-accumulate ops, counted from its tensor shapes (2 per MAC):
+    FULLY_CONNECTED, BATCH_MATMUL, DEPTHWISE_CONV_2D. What the row graph must compute at least; the
+    elementwise ops are not counted. -> {op name: flops}."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(_head_of(source)))
+    out = collections.Counter()
+    for sg in model.subgraphs:
+        shape = lambda i, sg=sg: [int(d) for d in sg.tensors[i].shape]  # noqa: E731
+        for op in sg.operators:
+            name = op_name(model, op)
+            result = 1
+            for d in shape(op.outputs[0]):
+                result *= d
+            if name == "FULLY_CONNECTED":  # weights [out, in]
+                k = shape(op.inputs[1])[1]
+            elif name == "BATCH_MATMUL":  # a [..., M, K] (or [..., K, M] when adjX)
+                a = shape(op.inputs[0])
+                k = a[-2] if getattr(op.builtinOptions, "adjX", False) else a[-1]
+            elif name == "DEPTHWISE_CONV_2D":  # filter [1, kh, kw, channels]
+                f = shape(op.inputs[1])
+                k = f[1] * f[2]
+            else:
+                continue
+            out[name] += 2 * result * k
+    return dict(sorted(out.items()))

@@ -1,0 +1,29 @@
+"""One error type for bad input, and the wrapper that turns it into one line and a non-zero exit.
+
+Anything else that escapes a stage is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+EXIT_BAD_INPUT = 2
+
+
+class ClefError(Exception):
+    """Bad input or a broken contract, reported as one line naming the problem."""
+
+
+def run_stage(main: Callable[[], None]) -> None:
+    """Run a stage's main(); a ClefError becomes `error: <message>` on stderr and exit status 2.
+    A stage that finishes leaves its time and peak memory in results/runtime/ (scripts/pipeline/measure.py)."""
+    try:
+        main()
+        from scripts.pipeline.measure import record_runtime
+
+        record_runtime()
+    except ClefError as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the message was built from
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_INPUT)

@@ -1,0 +1,296 @@
+"""params.yaml: one schema, checked before any stage removes an output.
+
+Every rule about a parameter lives here (SCHEMA): its type, its range, the keys a section may hold
+(an unknown key is refused with the nearest known one), and the forms the exporter can lower. The
+`check_params` stage runs the whole schema before any other stage (every stage depends on its
+output, which valid params never change), `check_lengths` holds the graph lengths to the snapshot's
+context, and each stage still reads its own sections through `load`, so a stage run by hand checks
+what it reads. No torch here: the check costs a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from pathlib import Path
+
+import yaml
+
+from scripts.layers import kernel_form
+from scripts.pipeline.errors import ClefError
+
+SOURCES = ("tiny", "synthetic", "hub")
+HOST_WEIGHT_MODES = ("include", "reference")
+REVISION = re.compile(r"[0-9a-f]{40}")
+REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# value checkers: (value, name) -> value, or a ClefError naming params.yaml's key
+
+
+def positive_number(value, name: str) -> float:
+    """A threshold or factor: a finite number > 0 (YAML `1e-4` without a dot is a string: refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ClefError(f"params.yaml: {name} {value!r} is not a positive number")
+    return float(value)
+
+
+def non_negative_number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ClefError(f"params.yaml: {name} {value!r} is not a number >= 0")
+    return float(value)
+
+
+def count(value, name: str) -> int:
+    """A number of repeats, heads, layers: an integer >= 1."""
+    if not _is_int(value) or value < 1:
+        raise ClefError(f"params.yaml: {name} {value!r} is not an integer >= 1")
+    return value
+
+
+def one_of(*choices: str):
+    def check(value, name: str) -> str:
+        if value not in choices:
+            raise ClefError(f"params.yaml: {name} {value!r} is not one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def pattern(regex: re.Pattern, what: str):
+    def check(value, name: str) -> str:
+        if not isinstance(value, str) or not regex.fullmatch(value):
+            raise ClefError(f"params.yaml: {name} {value!r} is not {what}")
+        return value
+
+    return check
+
+
+def kernel_form_text(value, name: str) -> str:
+    """A form the grammar reads (scripts/layers/kernel_form.py); recorded forms may be ones the exporter refuses."""
+    try:
+        kernel_form.parse(value)
+    except ClefError as exc:
+        raise ClefError(f"params.yaml: {name}: {exc}") from None
+    return value
+
+
+def exportable_form(value, name: str) -> str:
+    """The form the graphs are built with: one the grammar reads and the exporter can lower."""
+    try:
+        kernel_form.check_exportable(kernel_form.parse(value))
+    except ClefError as exc:  # the message names the form already
+        raise ClefError(f"params.yaml: {exc}") from None
+    return value
+
+
+def form_list(value, name: str) -> list[str]:
+    """Forms recorded beside the configured one (an empty list records that one alone)."""
+    if not isinstance(value, list):
+        raise ClefError(f"params.yaml: {name} must be a list of kernel forms")
+    return [kernel_form_text(v, name) for v in value]
+
+
+def lengths_list(value, name: str) -> list[int]:
+    """Sequence lengths: a non-empty list of positive integers, each once."""
+    if not isinstance(value, list) or not value:
+        raise ClefError(f"params.yaml: {name} must be a non-empty list of positive integers")
+    for n in value:
+        if not _is_int(n) or n <= 0:
+            raise ClefError(f"params.yaml: {name}: length {n!r} is not a positive integer")
+    if len(set(value)) != len(value):
+        raise ClefError(f"params.yaml: {name} {value} repeat a value")
+    return value
+
+
+def pairs_list(value, name: str) -> list[dict]:
+    """The shared-state pairs: a list of {prefix, suffix}, positive integers, each pair once."""
+    if not isinstance(value, list):
+        raise ClefError(f"params.yaml: `{name}` must be a list of {{prefix: P, suffix: S}}")
+    seen = set()
+    for q in value:
+        if not isinstance(q, dict) or set(q) != {"prefix", "suffix"}:
+            raise ClefError(f"params.yaml: pair {q!r} must be a mapping with exactly prefix and suffix")
+        for key in ("prefix", "suffix"):
+            if not _is_int(q[key]) or q[key] <= 0:
+                raise ClefError(f"params.yaml: pair {q!r}: {key} is not a positive integer")
+        if (q["prefix"], q["suffix"]) in seen:
+            raise ClefError(f"params.yaml: pair {q!r} is listed twice")
+        seen.add((q["prefix"], q["suffix"]))
+    return value
+
+
+def mapping(required: dict, optional: dict | None = None):
+    """A section that is a mapping: every `required` key present, nothing outside required + optional."""
+    optional = optional or {}
+
+    def check(value, name: str) -> dict:
+        known = {**required, **optional}
+        if not isinstance(value, dict):
+            raise ClefError(f"params.yaml: `{name}` must be a mapping with {', '.join(required)}")
+        for key in value:
+            if key not in known:
+                raise ClefError(f"params.yaml: unknown key {name}.{key}{did_you_mean(key, known)}")
+        for key, rule in known.items():
+            if key in value:
+                rule(value[key], f"{name}.{key}")
+            elif key in required:
+                raise ClefError(f"params.yaml: {name}.{key} is missing")
+        return value
+
+    return check
+
+
+def did_you_mean(key, known) -> str:
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+    return f"; did you mean {close[0]}?" if close else f"; known keys: {', '.join(known)}"
+
+
+def check_model_section(value, name: str) -> dict:
+    rules = mapping(
+        {
+            "source": one_of(*SOURCES),
+            "repo": pattern(REPO, "an <org>/<name> repository id"),
+            "revision": pattern(
+                REVISION,
+                "a full 40-hex commit id; branch and tag names move, so a release pinned to one cannot be audited",
+            ),
+        },
+        {"synthetic_layers": count},
+    )
+    rules(value, name)
+    if value["source"] == "synthetic" and "synthetic_layers" not in value:
+        raise ClefError(
+            f"params.yaml: {name}.synthetic_layers is missing (the real-width synthetic checkpoint's layer count)"
+        )
+    return value
+
+
+THRESHOLD = positive_number
+
+# The whole of params.yaml: section -> rule. The comments in params.yaml say what each value means.
+SCHEMA = {
+    "model": check_model_section,
+    "stack": mapping({"rss_factor": positive_number, "rss_overhead_gib": non_negative_number}),
+    "form": exportable_form,
+    "controls": mapping({"min_over_threshold": positive_number}),
+    "verify_kernel": mapping(
+        {"forms": form_list, "max_rel_vs_f64": THRESHOLD, "max_rel_per_position_vs_f64": THRESHOLD}
+    ),
+    "kernel_bench": mapping({"heads": count, "head_dim": count, "lengths": lengths_list, "repeats": count}),
+    "lengths": lengths_list,
+    "export_bench": mapping({"latency_repeats": count, "target_ops_per_gdn_layer_at_L64": count}),
+    "verify_layers": mapping({"max_rel_vs_stock_f64": THRESHOLD, "max_rel_per_position_vs_stock_f64": THRESHOLD}),
+    "verify_model": mapping(
+        {
+            "max_rel_vs_stock_f64": THRESHOLD,
+            "max_rel_per_position_vs_stock_f64": THRESHOLD,
+            "max_rel_causality": THRESHOLD,
+        }
+    ),
+    "verify_tflite": mapping(
+        {"max_rel_vs_torch": THRESHOLD, "max_rel_per_position_vs_torch": THRESHOLD, "latency_repeats": count}
+    ),
+    "pairs": pairs_list,
+    "verify_pair": mapping(
+        {
+            "max_rel_vs_row": THRESHOLD,
+            "max_rel_per_position_vs_row": THRESHOLD,
+            "max_rel_state_vs_stock_f64": THRESHOLD,
+            "max_rel_per_position_state_vs_stock_f64": THRESHOLD,
+        }
+    ),
+    "verify_gpu": mapping(
+        {"max_rel_fp32": THRESHOLD, "max_rel_per_position_fp32": THRESHOLD, "fp16_max_over_floor": positive_number}
+    ),
+    "release": mapping({"host_weights": one_of(*HOST_WEIGHT_MODES)}),
+}
+
+
+def check_section(params: dict, section: str, path: str | Path = "params.yaml"):
+    """One section present and valid -> its value."""
+    if section not in params:
+        raise ClefError(f"{path}: missing section `{section}`")
+    return SCHEMA[section](params[section], section)
+
+
+def check_all(params: dict, path: str | Path = "params.yaml") -> dict:
+    """The whole file: every section of SCHEMA present and valid, no section it does not know."""
+    for key in params:
+        if key not in SCHEMA:
+            raise ClefError(f"{path}: unknown section {key}{did_you_mean(key, SCHEMA)}")
+    for section in SCHEMA:
+        check_section(params, section, path)
+    return params
+
+
+# ---------------------------------------------------------------------------------------------
+# rules that need the snapshot, and the readers the stages use
+
+
+def within_context(what: str, positions: int, max_positions: int) -> None:
+    """A graph over `positions` tokens must fit the model's max_position_embeddings (M-RoPE's table)."""
+    if positions > max_positions:
+        raise ClefError(f"{what} is above the model's max_position_embeddings ({max_positions})")
+
+
+def check_context(params: dict, max_positions: int) -> None:
+    """Every row graph length and every pair's prefix + suffix within the snapshot's context."""
+    for n in params["lengths"]:
+        within_context(f"params.yaml: length {n}", n, max_positions)
+    for q in params["pairs"]:
+        within_context(
+            f"params.yaml: pair {q}: prefix + suffix = {q['prefix'] + q['suffix']}",
+            q["prefix"] + q["suffix"],
+            max_positions,
+        )
+
+
+def positive_numbers(section, keys: tuple[str, ...], name: str) -> dict[str, float]:
+    """params.yaml section `name` -> {key: value} for `keys`, each a positive finite number."""
+    if not isinstance(section, dict):
+        raise ClefError(f"params.yaml: `{name}` must be a mapping with {', '.join(keys)}")
+    return {key: positive_number(section.get(key), f"{name}.{key}") for key in keys}
+
+
+def bounds(params: dict, section: str, keys: tuple[str, ...]) -> dict[str, float]:
+    """The bounds `max_<key>` of a verify section -> {key: bound}: each names the row figure it bounds
+    (scripts/checks/compare.py), and each must be a positive number."""
+    found = positive_numbers(params.get(section), tuple(f"max_{k}" for k in keys), section)
+    return {k[4:]: v for k, v in found.items()}
+
+
+def min_over_threshold(params: dict) -> float:
+    """controls.min_over_threshold: how far past its bound a check's fault must take its figure."""
+    return positive_numbers(params.get("controls"), ("min_over_threshold",), "controls")["min_over_threshold"]
+
+
+def read(path: str | Path = "params.yaml") -> dict:
+    """params.yaml parsed, or one line saying why it cannot be."""
+    path = Path(path)
+    if not path.is_file():
+        raise ClefError(f"no params file at {path}")
+    try:
+        params = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ClefError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(params, dict):
+        raise ClefError(f"{path} must hold a mapping of sections")
+    return params
+
+
+def load(sections=None, path: str | Path = "params.yaml") -> dict:
+    """params.yaml with `sections` present and checked (a stage asks for the sections it declares in
+    dvc.yaml), or, without `sections`, the whole file checked. A bad value is a ClefError naming it."""
+    params = read(path)
+    if sections is None:
+        return check_all(params, path)
+    for section in sections:
+        check_section(params, section, path)
+    return params

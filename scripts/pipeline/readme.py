@@ -1,0 +1,214 @@
+"""The README's figure tables, rendered from the pipeline's own records so they cannot go stale.
+
+Each table sits in the README between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`
+and names the run it came from (the release manifest's commit and whether the inputs were clean).
+`make release` rewrites them after `dvc repro`; `make readme` alone rewrites them from the workspace
+as it is.
+
+    python -m scripts.pipeline.readme            # rewrite README.md's generated tables
+    python -m scripts.pipeline.readme --check    # exit 1 naming the tables that differ
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from scripts.pipeline import atomic, layout
+from scripts.pipeline.errors import ClefError
+
+README = Path("README.md")
+BLOCK = re.compile(r"(<!-- generated: (?P<name>\w+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
+
+
+def e(x) -> str:
+    return "n/a" if x is None else f"{x:.1e}"
+
+
+def x(ratio) -> str:
+    return "n/a" if ratio is None else f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.1f}x"
+
+
+def read_metrics(root: Path) -> dict[str, dict]:
+    """{check name: its metrics row} from results/metrics/, or one line saying the pipeline has not run."""
+    folder = root / layout.METRICS
+    rows = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    if not rows:
+        raise ClefError(f"no metrics under {folder}: run `dvc repro` first")
+    return rows
+
+
+def run_line(root: Path) -> str:
+    """Which run the figures are from: the release manifest's commit (the last stage of the run)."""
+    manifest = root / layout.RELEASE / "manifest.json"
+    if not manifest.is_file():
+        raise ClefError(f"no {manifest}: the tables name the run that made the release; run `dvc repro` first")
+    git = json.loads(manifest.read_text()).get("git", {})
+    commit, clean = (git.get("commit") or "unknown")[:7], git.get("clean")
+    state = "clean" if clean else "with uncommitted changes" if clean is False else "outside git"
+    return f"From the `dvc repro` at commit {commit} ({state}); `results/metrics/`, rendered by `make readme`."
+
+
+def by_shape(rows: dict, prefix: str) -> list[tuple[str, dict]]:
+    """The rows whose name starts with `prefix`, ordered by their L, or by P then S."""
+    picked = [(n, r) for n, r in rows.items() if n.startswith(prefix)]
+    return sorted(picked, key=lambda nr: ("L" not in nr[1], nr[1].get("L", 0), nr[1].get("P", 0), nr[1].get("S", 0)))
+
+
+def label(name: str, row: dict) -> str:
+    if "L" in row:
+        return f"row L={row['L']}"
+    if "P" in row:
+        return f"pair P={row['P']} S={row['S']}"
+    return name
+
+
+def table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body]) + "\n"
+
+
+def checks_table(rows: dict) -> str:
+    order = [
+        ("kernel", "kernel vs float64 recurrence"),
+        ("layers", "GatedDeltaNet layers vs stock float64"),
+        ("model", "row graph (torch) vs stock float64"),
+    ]
+    named = [(n, r, title) for n, title in order if (r := rows.get(n))]
+    named += [(n, r, f"{label(n, r)}: LiteRT vs torch") for n, r in by_shape(rows, "tflite_")]
+    named += [(n, r, f"{label(n, r)}: chaining vs row") for n, r in by_shape(rows, "pair_")]
+    named += [(n, r, f"{label(n, r)} on the GPU accelerator, fp32") for n, r in by_shape(rows, "gpu_")]
+    body = [
+        [
+            title,
+            "yes" if r.get("passed") else "**no**",
+            e(r.get("max_rel")),
+            e(r.get("max_rel_per_position")),
+            f"{r.get('threshold', 0):g}, {r.get('threshold_per_position', 0):g}",
+            x(r.get("control_over_threshold")),
+        ]
+        for n, r, title in named
+    ]
+    return table(["check", "passed", "global", "worst position", "bounds", "fault / bound"], body)
+
+
+def rows_table(rows: dict) -> str:
+    body = [
+        [
+            str(r["L"]),
+            f"{r['bytes']:,}",
+            str(r["op_total"]),
+            str(r["ops_per_gdn_layer"]),
+            str(r["max_rank"]),
+            f"{r['litert_ms']:.1f} ms",
+            x(r.get("torch_over_litert")),
+        ]
+        for _, r in by_shape(rows, "tflite_")
+    ]
+    return table(
+        ["L", "bytes", "ops", "ops per GatedDeltaNet", "max rank", "LiteRT per record", "torch / LiteRT"], body
+    )
+
+
+def pairs_table(rows: dict) -> str:
+    body = [
+        [
+            f"P={r['P']} S={r['S']}",
+            f"{r['bytes']:,}",
+            f"{e(r['max_rel'])} ({e(r['max_rel_per_position'])})",
+            e(r.get("max_rel_state")),
+            str(r["op_total"]),
+        ]
+        for _, r in by_shape(rows, "pair_")
+    ]
+    return table(["pair", "bytes", "vs row (worst position)", "prefix state vs float64 cache", "ops"], body)
+
+
+def gpu_table(rows: dict) -> str:
+    body = [
+        [
+            label(n, r),
+            "yes" if r.get("fully_accelerated") else "**no**",
+            f"{e(r['max_rel'])} ({e(r['max_rel_per_position'])})",
+            f"{r['fp16_max_rel']:.3f}",
+            f"{r['fp16_floor']:.4f}",
+            f"{r['fp16_over_floor']:.1f}",
+        ]
+        for n, r in by_shape(rows, "gpu_")
+    ]
+    return table(
+        [
+            "graph",
+            "fully accelerated",
+            "fp32 vs torch (worst position)",
+            "fp16 vs float64",
+            "floor: torch float16",
+            "fp16 / floor",
+        ],
+        body,
+    )
+
+
+def export_bench_table(rows: dict) -> str:
+    r = rows["export_bench"]
+    stock_ops = r["ops_per_gdn_layer"] * r["gdn_ops_stock_over_form"]
+    body = [
+        [
+            str(r["L"]),
+            f"{r['ops_per_gdn_layer']} (stock: {stock_ops:.0f})",
+            x(r["gdn_ops_stock_over_form"]),
+            x(r["convert_time_stock_over_form"]),
+            x(r["litert_time_stock_over_form"]),
+        ]
+    ]
+    return table(["L", "ops per GatedDeltaNet", "stock / form: ops", "conversion time", "interpreter time"], body)
+
+
+TABLES = {
+    "checks": checks_table,
+    "rows": rows_table,
+    "export_bench": export_bench_table,
+    "pairs": pairs_table,
+    "gpu": gpu_table,
+}
+
+
+def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
+    """README text with every generated block rendered from `root`'s records -> (text, blocks changed)."""
+    rows, run = read_metrics(root), run_line(root)
+    changed = []
+
+    def fill(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in TABLES:
+            raise ClefError(f"README block `{name}` has no table; known: {', '.join(TABLES)}")
+        body = f"{run}\n\n{TABLES[name](rows)}"
+        if body != m.group("body"):
+            changed.append(name)
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(fill, text), changed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only report the tables that differ")
+    a = ap.parse_args()
+    text, changed = render(README.read_text())
+    if a.check:
+        if changed:
+            raise ClefError(f"README tables differ from results/: {', '.join(changed)} (make readme rewrites them)")
+        return
+    atomic.write_text(README, text)
+    print(f"README.md: {len(changed)} generated tables rewritten" + (f" ({', '.join(changed)})" if changed else ""))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ClefError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,125 @@
+"""dvc.yaml's code deps, generated: each stage depends on exactly the files of ours its entry point runs.
+
+The lists are written from the imports (followed transitively, package `__init__.py` files included),
+so a moved module or a new import cannot leave a stage that misses a change to its code; the test
+suite fails when dvc.yaml differs from what this writes.
+
+    python -m scripts.pipeline.stage_deps           # rewrite dvc.yaml's code deps in place
+    python -m scripts.pipeline.stage_deps --check   # exit 1, naming the stages whose lists differ
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = ("scripts", "stages")
+
+
+def module_file(name: str, root: Path = ROOT) -> Path | None:
+    """The file of a dotted module of ours (a module, or a package's __init__.py), else None."""
+    parts = name.split(".")
+    if parts[0] not in OURS:
+        return None
+    for path in (Path(*parts).with_suffix(".py"), Path(*parts) / "__init__.py"):
+        if (root / path).is_file():
+            return path
+    return None
+
+
+def imported(path: Path, root: Path = ROOT) -> set[Path]:
+    """Our files that `path` imports directly, and the package __init__ files Python runs on the way."""
+    found = set()
+    for node in ast.walk(ast.parse((root / path).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # scripts, scripts.checks, scripts.checks.compare
+                if (file := module_file(".".join(parts[:i]), root)) is not None:
+                    found.add(file)
+    return found
+
+
+def code_of(entry: Path, root: Path = ROOT) -> set[Path]:
+    """`entry` and every file of ours it imports, transitively (with the packages `python -m` runs it in)."""
+    parts = entry.with_suffix("").parts
+    packages = {f for i in range(1, len(parts)) if (f := module_file(".".join(parts[:i]), root)) is not None}
+    seen, todo = {entry} | packages, [entry, *packages]
+    while todo:
+        for file in imported(todo.pop(), root) - seen:
+            seen.add(file)
+            todo.append(file)
+    return seen
+
+
+def entry_point(stage: dict) -> Path:
+    """stages/<name>.py from a stage's `python -m stages.<name> ...` command."""
+    module = stage["cmd"].split("python -m ", 1)[1].split()[0]
+    return Path(*module.split(".")).with_suffix(".py")
+
+
+def is_code(dep: str) -> bool:
+    return dep.endswith(".py") and dep.split("/")[0] in OURS
+
+
+def wanted_deps(stage: dict, root: Path = ROOT) -> list[str]:
+    """The entry point, the rest of its code sorted, then the stage's data deps in their order."""
+    entry = entry_point(stage)
+    code = sorted(str(p) for p in code_of(entry, root) - {entry})
+    return [str(entry)] + code + [d for d in stage.get("deps", []) if not is_code(d)]
+
+
+def rewrite(text: str, root: Path = ROOT) -> tuple[str, list[str]]:
+    """dvc.yaml's text with every stage's deps list as wanted_deps says -> (text, stages changed).
+    Only the list lines change: comments, order of keys and everything else stay as written."""
+    stages = yaml.safe_load(text)["stages"]
+    lines = text.splitlines(keepends=True)
+    changed = []
+    for name, raw in stages.items():
+        stage = raw.get("do", raw)
+        start = next(i for i, line in enumerate(lines) if line.rstrip() == f"  {name}:")
+        deps = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "deps:")
+        indent = lines[deps][: len(lines[deps]) - len(lines[deps].lstrip())] + "  "
+        end = deps + 1
+        while end < len(lines) and lines[end].startswith(indent + "- "):
+            end += 1
+        want = [f"{indent}- {d}\n" for d in wanted_deps(stage, root)]
+        if lines[deps + 1 : end] != want:
+            changed.append(name)
+            lines[deps + 1 : end] = want
+    return "".join(lines), changed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only report stages whose code deps differ")
+    a = ap.parse_args()
+    path = ROOT / "dvc.yaml"
+    text, changed = rewrite(path.read_text())
+    if a.check:
+        if changed:
+            print(
+                f"dvc.yaml: code deps differ from the imports for {', '.join(changed)} "
+                "(python -m scripts.pipeline.stage_deps rewrites them)",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+        return
+    from scripts.pipeline import atomic
+
+    atomic.write_text(path, text)
+    print(f"dvc.yaml: code deps rewritten for {len(changed)} stages" + (f": {', '.join(changed)}" if changed else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The release: building and reading the bundle a device team receives, and its model card."""

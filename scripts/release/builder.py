@@ -1,0 +1,178 @@
+"""Building a release (the release stage): the host files, the reference records, the signatures table,
+the dvc.lock provenance, and the tarball. What a reader checks is scripts/release/reader.py's.
+
+Everything under `files` is a pure function of the checkpoint, the code and params.yaml, so a rebuild
+gives the same hashes; the run-specific figures (times, dvc.lock hashes of the benchmark results) live
+only in manifest.json.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import torch
+
+from scripts.checkpoint.snapshot import file_digest, sha256_file
+from scripts.pipeline import atomic, params
+from scripts.release.reader import HOST_TENSORS, HOST_WEIGHTS, MANIFEST, host_tables, tensor_sha256
+
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+
+
+def md5_file(path: Path) -> str:
+    """The hash DVC records for a file in dvc.lock, to tie the release back to the stage that made it."""
+    return file_digest(path, "md5")
+
+
+def check_host_weights(mode) -> str:
+    return params.SCHEMA["release"]({"host_weights": mode}, "release")["host_weights"]
+
+
+def release_name(rec: dict, form: str) -> str:
+    """<model>-<revision[:12]>-<form>: what the tarball is called."""
+    return f"{rec['repo'].split('/')[-1]}-{rec['revision'][:12]}-{form}"
+
+
+def place(src: Path, dest: Path) -> None:
+    """dest as a hard link to src where the filesystem allows (a 30 GB graph is not copied), else a copy."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
+    """Copy the snapshot's non-weight files (config, tokenizer) to dest/host and, under mode
+    `include`, embed_tokens and lm_head as bf16 safetensors; -> the manifest's `host` section."""
+    from safetensors.torch import save_file
+
+    check_host_weights(mode)
+    (dest / "host").mkdir(parents=True, exist_ok=True)
+    for f in sorted(snap.iterdir()):
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copyfile(f, dest / "host" / f.name)
+    index = json.loads((snap / "model.safetensors.index.json").read_text())["weight_map"]
+    tables = host_tables(host)
+    tensors = {
+        role: {
+            "key": key,
+            "dtype": str(tables[role].dtype).replace("torch.", ""),
+            "shape": list(tables[role].shape),
+            "sha256": tensor_sha256(tables[role]),
+            "source_file": index[key],
+        }
+        for role, key in HOST_TENSORS.items()
+    }
+    if mode == "include":
+        save_file(
+            {key: tables[role].contiguous() for role, key in HOST_TENSORS.items()},
+            str(dest / HOST_WEIGHTS),
+            metadata={"format": "pt"},
+        )
+    return {"weights": mode, "tensors": tensors, "weights_file": HOST_WEIGHTS if mode == "include" else None}
+
+
+def row_reference(graph, record: dict) -> dict:
+    """A row graph's reference record: its inputs and torch's hidden states at the real positions."""
+    n = int(record["valid"].sum())
+    with torch.no_grad():
+        expected = graph(**record)["hidden"][:, :n]
+    return {**record, "expected": expected.contiguous()}
+
+
+def pair_reference(row, prefix_record: dict, suffix_record: dict, full_record: dict) -> dict:
+    """A pair's reference record: both signatures' token inputs, and the row graph's hidden states
+    at the suffix positions (the chaining rule the pair promises)."""
+    p, s = int(prefix_record["valid"].sum()), int(suffix_record["valid"].sum())
+    with torch.no_grad():
+        expected = row(**full_record)["hidden"][:, p : p + s]
+    return {
+        **{f"prefix.{k}": v for k, v in prefix_record.items()},
+        **{f"suffix.{k}": v for k, v in suffix_record.items()},
+        "expected": expected.contiguous(),
+    }
+
+
+def signatures(census: dict, contract: dict) -> dict:
+    """Each signature's inputs and outputs as the file has them (name, shape, dtype), with the
+    contract's meaning beside each; the file is the authority on shapes, the contract on meaning."""
+    declared = contract.get("signatures") or {
+        "serving_default": {"inputs": contract["inputs"], "outputs": contract["outputs"]}
+    }
+    out = {}
+    for sig, io_ in census["signatures"].items():
+        meanings = {
+            e["name"]: e["meaning"] for side in ("inputs", "outputs") for e in declared.get(sig, {}).get(side, [])
+        }
+        out[sig] = {
+            side: [{**e, "meaning": meanings.get(e["name"])} for e in sorted(io_[side], key=lambda e: e["name"])]
+            for side in ("inputs", "outputs")
+        }
+    return out
+
+
+def lock_stages(path: Path = Path("dvc.lock")) -> dict:
+    """Every stage's entry in dvc.lock as {stage: {cmd, deps, outs, params}} with md5 per path.
+    Read, not declared as a dependency: DVC rewrites it after each stage, so under `dvc repro` it
+    holds every upstream stage's hashes by the time the release runs."""
+    import yaml
+
+    if not path.is_file():
+        return {}
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+
+    def hashes(entries):
+        return {e["path"]: e.get("md5") for e in entries or []}
+
+    return {
+        name: {
+            "cmd": st.get("cmd"),
+            "deps": hashes(st.get("deps")),
+            "outs": hashes(st.get("outs")),
+            "params": st.get("params", {}),
+        }
+        for name, st in sorted(stages.items())
+        if name != "release"
+    }
+
+
+def file_table(root: Path) -> dict:
+    """{relative path: {sha256, size}} of every file under root except the manifest."""
+    return {
+        str(f.relative_to(root)): {"sha256": sha256_file(f), "size": f.stat().st_size}
+        for f in sorted(root.rglob("*"))
+        if f.is_file() and f.relative_to(root) != Path(MANIFEST)
+    }
+
+
+# gzip level 1: a release is mostly fp32 weights widened from bf16, whose zero low halves every level
+# finds; higher levels gain little and cost hours on clef-flash's graphs (README, "The release").
+GZIP_LEVEL = 1
+
+
+def write_tarball(src: Path, dest: Path, top: str) -> None:
+    """A byte-reproducible .tar.gz of src under directory `top`: sorted members, zero times and
+    owners, fixed modes, a gzip header without name or time. Streamed: members are read in chunks and
+    never held whole (a release holds graphs of many GB)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        atomic.writing(dest) as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=GZIP_LEVEL) as gz,
+        tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for f in sorted(src.rglob("*")):
+            info = tarfile.TarInfo(f"{top}/{f.relative_to(src)}")
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if f.is_dir():
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = f.stat().st_size, 0o644
+                with open(f, "rb") as fh:
+                    tar.addfile(info, fh)

@@ -1,0 +1,164 @@
+"""The release's model card (its README.md): what each file is, the contracts, how to run it, and the
+verification figures. Only run-independent figures go in (errors, thresholds, sizes, op counts; no
+times), so the card, like every other file the manifest hashes, is the same on a rebuild."""
+
+from __future__ import annotations
+
+
+def _io_table(entries: list[dict]) -> list[str]:
+    lines = ["| name | shape | dtype | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{e['name']}` | {e['shape']} | {e['dtype']} | {e.get('meaning') or ''} |" for e in entries]
+    return lines
+
+
+def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall: dict) -> str:
+    rows = sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
+    pairs = sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: (a["P"], a["S"]))
+    path_of = {id(a): p for p, a in artifacts.items()}
+    out = [
+        f"# {name}",
+        "",
+        f"LiteRT graphs of the text stack of `{rec['repo']}` at revision `{rec['revision']}` "
+        f"(source: {rec['source']}), GatedDeltaNet kernel form `{form}`. fp32 throughout; the "
+        "embedding lookup, the M-RoPE tables and the lm_head run on the host.",
+        "",
+        "## Files",
+        "",
+        "| file | what it is | bytes | sha256 (first 16) |",
+        "|---|---|---|---|",
+    ]
+    for a in rows:
+        out.append(
+            f"| `{path_of[id(a)]}` | row graph, L={a['L']}: final-norm hidden states of every position | "
+            f"{a['bytes']} | `{a['sha256'][:16]}` |"
+        )
+    for a in pairs:
+        out.append(
+            f"| `{path_of[id(a)]}` | shared-state pair, P={a['P']}, S={a['S']}: `prefix` and `suffix` "
+            f"signatures over one copy of the weights | {a['bytes']} | `{a['sha256'][:16]}` |"
+        )
+    if host["weights"] == "include":
+        host_weights = "embed_tokens and lm_head (bf16) in `host/model.safetensors`"
+    else:
+        host_weights = "embed_tokens and lm_head are referenced by hash, not included"
+    out += [
+        f"| `host/` | config and tokenizer; {host_weights} | | |",
+        "| `checks/` | one reference record per graph: its inputs and the torch output it must match | | |",
+        "| `manifest.json` | hashes of every file, provenance, signatures, verification figures | | |",
+        "",
+    ]
+    if rows:
+        out += [f"## Row graph contract (L={rows[0]['L']} shown; other L change only the length)", ""]
+        sig = rows[0]["signatures"]["serving_default"]
+        out += ["Inputs:", ""] + _io_table(sig["inputs"]) + ["", "Outputs:", ""] + _io_table(sig["outputs"]) + [""]
+        for key in ("attention_mask", "pad_guard", "state_io"):
+            if key in rows[0]["contract"]:
+                out.append(f"- {key.replace('_', ' ')}: {rows[0]['contract'][key]}")
+        out.append("")
+    if pairs:
+        c = pairs[0]["contract"]
+        out += [
+            "## Pair contract",
+            "",
+            f"- rule: {c.get('rule')}",
+            f"- the recurrent state is {c.get('recurrent_state_scale')} x transformers' (form `{form}`): a state "
+            "is only valid for graphs of the same form",
+            "- `prefix` takes the tokens of the shared context (right-padded to P) and returns hidden states and "
+            "the state; `suffix` takes a question (right-padded to S), positions continuing at the prefix's real "
+            "length, and that state. One prefix state serves any number of suffixes.",
+            "",
+        ]
+        for sig_name, sig in pairs[0]["signatures"].items():
+            out += [f"`{sig_name}` (P={pairs[0]['P']}, S={pairs[0]['S']}) inputs:", ""] + _io_table(sig["inputs"])
+            out += ["", f"`{sig_name}` outputs:", ""] + _io_table(sig["outputs"]) + [""]
+    out += [
+        "## How to run",
+        "",
+        "```",
+        "clef verify .                      # every hash, every signature on its reference record",
+        'clef run --release . --text "..."  # smallest row graph that fits; top lm_head tokens',
+        'clef run --release . --pair --text "shared context" --question "q1" --question "q2"',
+        "clef audit rows/<file>.tflite      # what produced a graph, from its own metadata",
+        "```",
+        "",
+        "Without clef: tokenize with `host/tokenizer.json`, take the bf16 `embed_tokens` rows as fp32, build the "
+        "cos/sin tables for positions (i, i, i) with the config's M-RoPE settings, right-pad to L with zero "
+        "rows and `valid` 0, run the `serving_default` signature, and multiply the hidden state of the last "
+        "real position by `lm_head`.",
+        "",
+        "## Verification",
+        "",
+        "Errors (scripts/checks/compare.py): global, max |diff| / max |ref|; and the worst position's "
+        "||diff|| / ||ref||.",
+        "",
+        "| check | max rel error | worst position | thresholds |",
+        "|---|---|---|---|",
+    ]
+
+    def line(label, glob, position, bound, position_bound):
+        shown = "-" if position is None else f"{position:.2e}"
+        bounds = f"{bound:g}" if position_bound is None else f"{bound:g}, {position_bound:g}"
+        out.append(f"| {label} | {glob:.2e} | {shown} | {bounds} |")
+
+    labels = {
+        "kernel": "kernel vs float64 recurrence",
+        "layers": "GatedDeltaNet layers vs stock (float64)",
+        "model": "row graph (torch) vs stock model (float64)",
+    }
+    for key, label in labels.items():
+        m = overall.get(key, {})
+        if "max_rel" in m:
+            line(label, m["max_rel"], m.get("max_rel_per_position"), m["threshold"], m.get("threshold_per_position"))
+    for a in rows + pairs:
+        check = next(iter(a["verification"].values()))
+        what = f"row L={a['L']}" if a["kind"] == "row" else f"pair P={a['P']} S={a['S']} (chaining vs row)"
+        line(
+            f"{what}: LiteRT vs torch",
+            check["max_rel"],
+            check.get("max_rel_per_position"),
+            check["threshold"],
+            check.get("threshold_per_position"),
+        )
+        ref = a["reference"]
+        line(
+            f"{what}: reference record in this package",
+            ref["max_rel"],
+            ref.get("max_rel_per_position"),
+            ref["threshold"],
+            ref.get("threshold_per_position"),
+        )
+        if "gpu" in a:
+            g = a["gpu"]
+            line(
+                f"{what}: GPU accelerator, fp32 (enforce_f32) vs torch",
+                g["fp32_max_rel_vs_torch"],
+                g.get("fp32_max_rel_per_position_vs_torch"),
+                g["threshold_fp32"],
+                g.get("threshold_per_position_fp32"),
+            )
+            out.append(
+                f"| {what}: GPU accelerator, fp16 vs float64 (floor: torch float16 {g['floor_max_rel_vs_f64']:.2e}) | "
+                f"{g['fp16_max_rel_vs_f64']:.2e} | {g['fp16_max_rel_per_position_vs_f64']:.2e} | target "
+                f"{g['fp16_target_over_floor']:g} x floor: {'met' if g['fp16_within_target'] else 'not met'} "
+                f"({g['fp16_over_floor']:.1f} x) |"
+            )
+    gpus = [a["gpu"] for a in artifacts.values() if "gpu" in a]
+    if gpus:
+        out += [
+            "",
+            f"GPU accelerator: every signature of {sum(g['fully_accelerated'] for g in gpus)} of {len(gpus)} "
+            f"graphs compiled for LiteRT's GPU accelerator alone (no CPU fallback) on "
+            f"{gpus[0]['device']['selected'] or gpus[0]['device']['adapter']}.",
+        ]
+    out += [
+        "",
+        "Ops per GatedDeltaNet layer in the graphs: "
+        + ", ".join(
+            f"{max(a['census']['ops_per_gdn_layer'].values())} (L={a['L']})"
+            for a in rows
+            if a["census"]["ops_per_gdn_layer"]
+        )
+        + f"; max tensor rank {max((a['census']['max_rank'] for a in artifacts.values()), default=0)}.",
+        "",
+    ]
+    return "\n".join(out)

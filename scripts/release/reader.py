@@ -1,0 +1,174 @@
+"""Reading a release: its format, the manifest's checks (paths confined to the release, every file's
+hash), the graphs' expected identity, and the reference records `clef verify` reruns.
+
+The release's layout (artifacts/release/): manifest.json, README.md (the model card), rows/ and pairs/
+(.tflite), host/ (config, tokenizer, embed_tokens + lm_head), checks/ (one reference record per graph:
+its inputs and torch's output, held to the threshold the manifest promises).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path, PurePosixPath
+
+import torch
+
+from scripts.checkpoint.snapshot import sha256_file
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import checkpoint_layout
+
+FORMAT = "clef-litert-release/1"
+
+
+MANIFEST = "manifest.json"
+
+
+CARD = "README.md"
+
+
+HOST_TENSORS = {"embed_tokens": checkpoint_layout.EMBED_TOKENS, "lm_head": checkpoint_layout.LM_HEAD}
+
+
+HOST_WEIGHTS = "host/model.safetensors"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """Hash of a tensor's raw bytes (dtype-exact: a bf16 tensor hashes its bf16 bits)."""
+    return sha256_bytes(t.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def host_tables(host) -> dict:
+    """{role: tensor} of the host tables a release carries (roles as in HOST_TENSORS)."""
+    return {"embed_tokens": host.embed_tokens, "lm_head": host.lm_head}
+
+
+def reference_error(signature, kind: str, record: dict) -> dict:
+    """Run a reference record through a graph's signatures; -> its error against the stored
+    expectation, global and per position (scripts/checks/compare.py: rel_vs_expected,
+    rel_per_position_vs_expected, inf if an output is not finite). `signature(name)` gives a signature
+    (None: the only one) as a callable on named torch tensors returning a dict of them: the
+    interpreter's (run_reference) or the GPU accelerator's (scripts/litert/gpu_accelerator.py)."""
+    from scripts.checks import compare
+
+    feed = {k: v.to(torch.float32) for k, v in record.items() if k != "expected"}
+    expected = record["expected"]
+    if kind == "row":
+        out = signature(None)(**feed)["hidden"]
+    elif kind == "pair":
+        first = signature("prefix")(**{k[7:]: v for k, v in feed.items() if k.startswith("prefix.")})
+        state = {k: v for k, v in first.items() if k != "hidden"}
+        tokens = {k[7:]: v for k, v in feed.items() if k.startswith("suffix.")}
+        out = signature("suffix")(**tokens, **state)["hidden"]
+    else:
+        raise ClefError(f"unknown artifact kind {kind!r}")
+    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected)
+
+
+def reference_problems(figures: dict, reference: dict) -> list[str]:
+    """A reference record's figures against the bounds the manifest's `reference` entry states (a
+    release made before per-position bounds states the global one only)."""
+    from scripts.checks import compare
+
+    bounds = {"rel_vs_expected": reference["threshold"]}
+    if "threshold_per_position" in reference:
+        bounds["rel_per_position_vs_expected"] = reference["threshold_per_position"]
+    return compare.judge([figures], bounds)
+
+
+def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
+    """reference_error in the LiteRT interpreter."""
+    from scripts.checks.tflite_check import interpreter
+    from scripts.qwen35.host import litert_signature
+
+    interp = interpreter(path, threads)
+    return reference_error(
+        lambda name: litert_signature(interp.get_signature_runner(*([name] if name else []))), kind, record
+    )
+
+
+def expected_metadata(manifest: dict, artifact: dict) -> dict:
+    """What a release's graph must say of itself (tflite_file.read_metadata) given its manifest entry."""
+    return {
+        "revision": manifest["model"]["revision"],
+        "form": manifest["form"],
+        "kind": artifact["kind"],
+        **{k: artifact[k] for k in ("L", "P", "S") if k in artifact},
+    }
+
+
+def load_manifest(root: Path) -> dict:
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise ClefError(f"{root} is not a release: no {MANIFEST}")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ClefError(f"{path} is not valid JSON: {exc}") from None
+    if manifest.get("format") != FORMAT:
+        raise ClefError(f"{path}: format {manifest.get('format')!r}, this clef reads {FORMAT}")
+    return manifest
+
+
+def outside(root: Path, name) -> str | None:
+    """Why manifest path `name` does not name a file inside release `root` (None when it does): not a
+    string, absolute, with a `..` part, or resolving (through a symlink) outside the directory."""
+    if not isinstance(name, str) or not name:
+        return "is not a relative path"
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or Path(name).is_absolute():
+        return "is absolute"
+    if ".." in pure.parts:
+        return "climbs out with '..'"
+    top = Path(root).resolve()
+    if not (top / name).resolve().is_relative_to(top):
+        return "leaves the release through a symlink"
+    return None
+
+
+def check_paths(root: Path, manifest: dict) -> list[str]:
+    """Every path the manifest names (`files`, the `artifacts` keys, the reference records) must lie
+    inside the release and be listed in `files` with its hash: one line per path that does not.
+    Checked before anything is hashed or loaded, so no path can make clef read outside the release."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return ["manifest: `files` is not a table of the release's files"]
+    problems = [f"manifest path {name!r} {why}" for name in files if (why := outside(root, name))]
+    artifacts = manifest.get("artifacts")
+    if not isinstance(artifacts, dict):
+        return problems + ["manifest: `artifacts` is not a table of the release's graphs"]
+    for name, art in artifacts.items():
+        reference = art.get("reference", {}).get("file") if isinstance(art, dict) else None
+        for what, path in (("graph", name), ("reference record", reference)):
+            why = outside(root, path)
+            if why:
+                problems.append(f"manifest {what} path {path!r} {why}")
+            elif path not in files:
+                problems.append(f"manifest {what} path {path!r} is not listed in `files` (its hash is unknown)")
+    return problems
+
+
+def check_files(root: Path, manifest: dict) -> list[str]:
+    """Problems with the files themselves, one line each: missing, changed (size or sha256), extra."""
+    root = Path(root)
+    listed = manifest["files"]
+    present = {
+        str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) != Path(MANIFEST)
+    }
+    problems = [f"missing file: {name}" for name in sorted(set(listed) - present)]
+    for name in sorted(set(listed) & present):
+        f = root / name
+        if f.stat().st_size != listed[name]["size"] or sha256_file(f) != listed[name]["sha256"]:
+            problems.append(f"changed file: {name} (sha256 differs from the manifest)")
+    problems += [f"extra file: {name} (not in the manifest)" for name in sorted(present - set(listed))]
+    return problems
+
+
+def load_reference(root: Path, name: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(root) / name))
