@@ -106,3 +106,18 @@ def test_the_readme_has_every_table():
     text = (ROOT / "README.md").read_text()
     found = [m.group("name") for m in readme.BLOCK.finditer(text)]
     assert sorted(found) == sorted(readme.TABLES), found
+
+
+def test_run_outside_the_repository_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.pipeline.readme"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: no README.md here"), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1

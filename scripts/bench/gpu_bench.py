@@ -23,7 +23,6 @@ import platform
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.litert import export, gpu_accelerator, tflite_file
 from scripts.pipeline import atomic, layout, provenance
-from scripts.pipeline.errors import EXIT_BAD_INPUT, ClefError
+from scripts.pipeline.errors import ClefError, run_command
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 
@@ -445,9 +444,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # not scripts.pipeline.errors.run_stage: this is no DVC stage, so it leaves no results/runtime/ record
-    try:
-        main()
-    except ClefError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_BAD_INPUT)
+    run_command(main)  # not a DVC stage: no results/runtime/ record

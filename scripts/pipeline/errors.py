@@ -15,15 +15,24 @@ class ClefError(Exception):
     """Bad input or a broken contract, reported as one line naming the problem."""
 
 
-def run_stage(main: Callable[[], None]) -> None:
-    """Run a stage's main(); a ClefError becomes `error: <message>` on stderr and exit status 2.
-    A stage that finishes leaves its time and peak memory in results/runtime/ (scripts/pipeline/measure.py)."""
+def run_command(main: Callable[[], None]) -> None:
+    """Run a command's main(); a ClefError becomes `error: <message>` on stderr and exit status 2."""
     try:
         main()
-        from scripts.pipeline.measure import record_runtime
-
-        record_runtime()
     except ClefError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message was built from
         print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BAD_INPUT)
+
+
+def run_stage(main: Callable[[], None]) -> None:
+    """run_command for a DVC stage: one that finishes also leaves its time and peak memory in
+    results/runtime/ (scripts/pipeline/measure.py)."""
+
+    def measured() -> None:
+        main()
+        from scripts.pipeline.measure import record_runtime
+
+        record_runtime()
+
+    run_command(measured)

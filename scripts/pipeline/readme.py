@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 from scripts.pipeline import atomic, layout
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline.errors import ClefError, run_command
 
 README = Path("README.md")
 BLOCK = re.compile(r"(<!-- generated: (?P<name>\w+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
@@ -197,6 +196,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only report the tables that differ")
     a = ap.parse_args()
+    if not README.is_file():
+        raise ClefError(f"no {README} here: run it from the repository's top directory (make readme)")
     text, changed = render(README.read_text())
     if a.check:
         if changed:
@@ -207,8 +208,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ClefError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_command(main)  # not a DVC stage: no results/runtime/ record
