@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release readme test test-fast lint env vulkan real-width bench gpu-bench gpu-parts
+.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts
 
 env: $(STAMP) vulkan
 
@@ -29,6 +29,12 @@ release: env
 # The README's figure tables again from the workspace's results/ (after a dvc repro of your own).
 readme: env
 	python -m scripts.pipeline.readme
+
+# A key pair to sign releases with, outside the repository (README, "Signing"): KEYS=DIR to choose
+# where; the private key is encrypted when $$CLEF_SIGNING_KEY_PASSWORD is set.
+KEYS ?= $(HOME)/.config/clef-litert
+keys: env
+	clef keys $(KEYS)
 
 # Format and lint with ruff (pinned in requirements.txt, configured in pyproject.toml): first in both tiers.
 lint: env

@@ -1,4 +1,5 @@
-"""DVC stage `check_params`: all of params.yaml against scripts/pipeline/params.py's schema, before any other stage.
+"""DVC stage `check_params`: all of params.yaml against scripts/pipeline/params.py's schema, and the
+signing key it names (scripts/release/signing.py), before any other stage.
 
 Every other stage depends on this stage's output, so DVC runs it first, and a refusal (one line, exit 2)
 stops `dvc repro` before any stage has removed an output. The output only says that the check passed:
@@ -6,12 +7,17 @@ valid edits leave it byte-identical, so they rerun nothing that does not read wh
 persistent output (DVC does not delete it before the run), so a refused run leaves it in place too.
 """
 
+from pathlib import Path
+
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import run_stage
+from scripts.release import signing
 
 
 def main() -> None:
-    params.load()
+    p = params.load()
+    if p["release"]["signing_key"]:  # a key that cannot sign fails here, not after every stage has run
+        signing.load_private_key(p["release"]["signing_key"], repo=Path.cwd())
     atomic.write_text(layout.PARAMS_CHECKED, "params.yaml passed the schema of scripts/pipeline/params.py\n")
     print("check_params: params.yaml is valid")
 

@@ -2,9 +2,13 @@
 manifest -> artifacts/release/, its tarball -> artifacts/dist/<model>-<revision>-<form>.tar.gz, and the
 by-length tables `dvc plots show` draws -> results/plots/.
 
-Refuses, before building anything, an artifact that is missing, whose metadata names another
-revision, form or shape, or whose verify stage did not pass; and after running each reference
-record, one whose error is over the threshold its verify stage held it to.
+With params.yaml `release.signing_key` set, the release directory, manifest included, is signed with
+that key (scripts/release/signing.py) before either output is swapped in.
+
+Refuses, before building anything, a signing key that cannot sign, an artifact that is missing, whose
+metadata names another revision, form or shape, or whose verify stage did not pass; and after running
+each reference record, one whose error is over the threshold its verify stage held it to. A refusal
+leaves the previous release and tarball in place and no build directory behind.
 """
 
 import shutil
@@ -18,7 +22,7 @@ from scripts.pipeline import atomic, layout, params, provenance
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
-from scripts.release import builder, card, reader
+from scripts.release import builder, card, reader, signing
 
 REFERENCE_SEED = 20261129
 
@@ -120,7 +124,9 @@ def reference_record(it: dict, model, host: Host) -> dict:
     )
 
 
-def artifact_entry(it: dict, build: Path, model, host: Host, lock: dict, form: str) -> tuple[str, dict]:
+def artifact_entry(
+    it: dict, build: Path, model, host: Host, lock: dict, form: str, max_over_recorded: float
+) -> tuple[str, dict]:
     """One graph into the release: placed, its reference record written and rerun in the interpreter
     (held to the bounds its verify stage held the graph to), and its manifest entry."""
     from safetensors.torch import save_file
@@ -139,6 +145,7 @@ def artifact_entry(it: dict, build: Path, model, host: Host, lock: dict, form: s
         "threshold": bounds["global"],
         "max_rel_per_position": measured["rel_per_position_vs_expected"],
         "threshold_per_position": bounds["per_position"],
+        "max_over_recorded": max_over_recorded,
     }
     found = reader.reference_problems(measured, reference)
     if found:
@@ -176,6 +183,7 @@ def manifest_of(
     overall: dict,
     lock: dict,
     files: dict,
+    signed: dict,
 ) -> dict:
     return {
         "format": reader.FORMAT,
@@ -198,6 +206,7 @@ def manifest_of(
         "verification": overall,
         "stages": lock,
         "files": files,
+        "signing": signed,
     }
 
 
@@ -228,46 +237,61 @@ def plot_tables(artifacts: dict) -> None:
     atomic.write_json(layout.PLOTS / "pairs.json", pairs)
 
 
-def main() -> None:
-    p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
-    form = str(kernel_form.parse(p["form"]))
-    mode = builder.check_host_weights(p["release"]["host_weights"])
-    items = planned(p)
-    rec = snapshot.load_record()
-    snap = snapshot.verify(rec)
-    preflight(items, rec, form)
+def build(build_dir: Path, dist_dir: Path, p: dict, items: list[dict], rec: dict, snap: Path, form: str, key) -> dict:
+    """The release into build_dir (signed when `key`, the loaded release.signing_key, is not None) and
+    its tarball into dist_dir -> the manifest."""
     overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
     if not all(overall[n].get("passed", True) for n in overall):
         raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
-
     model, _, _ = patch.load(snap, form, progress=False)
     host = Host(snap)
-    build = atomic.partial_dir(layout.RELEASE)
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
-    host_section = builder.host_files(snap, host, build, mode)
+    build_dir.mkdir(parents=True)
+    host_section = builder.host_files(snap, host, build_dir, builder.check_host_weights(p["release"]["host_weights"]))
     lock = builder.lock_stages()
     artifacts = {}
     for i, it in enumerate(items, 1):
         print(f"release [{i}/{len(items)}] {it['path'].name}: reference record", flush=True)
-        rel_path, entry = artifact_entry(it, build, model, host, lock, form)
+        rel_path, entry = artifact_entry(it, build_dir, model, host, lock, form, p["release"]["max_over_recorded"])
         artifacts[rel_path] = entry
     name = builder.release_name(rec, form)
-    atomic.write_text(build / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall))
-    files = builder.file_table(build)
-    manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files)
-    atomic.write_json(build / reader.MANIFEST, manifest)
-    atomic.swap_in_dir(build, layout.RELEASE)
+    signed = signing.section(key)
+    atomic.write_text(build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed))
+    files = builder.file_table(build_dir)
+    manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed)
+    atomic.write_json(build_dir / reader.MANIFEST, manifest)
+    if key is not None:
+        signing.sign(build_dir, p["release"]["signing_key"], name)
+    builder.write_tarball(build_dir, dist_dir / f"{name}.tar.gz", name)
+    return manifest
 
-    dist = atomic.partial_dir(layout.DIST)
-    shutil.rmtree(dist, ignore_errors=True)
-    builder.write_tarball(layout.RELEASE, dist / f"{name}.tar.gz", name)
-    atomic.swap_in_dir(dist, layout.DIST)
-    plot_tables(artifacts)
-    git = manifest["git"]
+
+def main() -> None:
+    p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
+    form = str(kernel_form.parse(p["form"]))
+    builder.check_host_weights(p["release"]["host_weights"])
+    key_path = p["release"]["signing_key"]  # a key that cannot sign is refused before any work
+    key = signing.load_private_key(key_path, repo=Path.cwd()) if key_path else None
+    items = planned(p)
+    rec = snapshot.load_record()
+    snap = snapshot.verify(rec)
+    preflight(items, rec, form)
+
+    build_dir, dist_dir = atomic.partial_dir(layout.RELEASE), atomic.partial_dir(layout.DIST)
+    for d in (build_dir, dist_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        manifest = build(build_dir, dist_dir, p, items, rec, snap, form, key)
+        # the release and its tarball are replaced together, or neither is
+        atomic.swap_in_dirs([(build_dir, layout.RELEASE), (dist_dir, layout.DIST)])
+    finally:  # nothing half-built stays behind, whatever stopped the build
+        for d in (build_dir, dist_dir):
+            shutil.rmtree(d, ignore_errors=True)
+    plot_tables(manifest["artifacts"])
+    git, sig = manifest["git"], manifest["signing"]
     print(
-        f"release: {layout.RELEASE} ({len(files)} files, {len(artifacts)} graphs), "
-        f"{layout.DIST / (name + '.tar.gz')}; git {git['commit'] and git['commit'][:12]}"
+        f"release: {layout.RELEASE} ({len(manifest['files'])} files, {len(manifest['artifacts'])} graphs, "
+        f"{'signed by ' + sig['key_fingerprint'] if sig['signed'] else 'unsigned'}), "
+        f"{layout.DIST / (manifest['name'] + '.tar.gz')}; git {git['commit'] and git['commit'][:12]}"
         f"{'' if git['clean'] else ' (uncommitted changes: ' + ', '.join(git['changed'][:5]) + ')'}"
     )
 

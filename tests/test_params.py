@@ -47,7 +47,14 @@ def test_each_bad_edit_refused_in_one_line(case):
     [
         (lambda p: p.pop("verify_gpu"), "missing section `verify_gpu`"),
         (lambda p: p["verify_tflite"].pop("latency_repeats"), "verify_tflite.latency_repeats is missing"),
-        (lambda p: p["release"].update(signing="x"), "unknown key release.signing; known keys: host_weights"),
+        (
+            lambda p: p["release"].update(compression="x"),
+            "unknown key release.compression; known keys: host_weights, signing_key, max_over_recorded",
+        ),
+        (lambda p: p["release"].update(signing_key=""), "release.signing_key '' must be a file path or null"),
+        (lambda p: p["release"].update(signing_key=7), "release.signing_key 7 must be a file path or null"),
+        (lambda p: p["release"].update(max_over_recorded=0), "release.max_over_recorded 0 is not a positive number"),
+        (lambda p: p["release"].update(max_over_recorded=0.5), "release.max_over_recorded 0.5 is below 1"),
         (lambda p: p.update(stack=[1.15]), "`stack` must be a mapping with rss_factor, rss_overhead_gib"),
         (lambda p: p["stack"].update(rss_overhead_gib=-1), "stack.rss_overhead_gib -1 is not a number >= 0"),
         (lambda p: p["verify_kernel"].update(forms=["R64", "R7"]), "verify_kernel.forms: form 'R7': chunk 7"),

@@ -37,6 +37,17 @@ def parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check a release: hashes, metadata, every signature on its reference record")
     verify.add_argument("release", help="release directory")
     verify.add_argument(
+        "--key",
+        metavar="PUB.pem",
+        help="the public key the release must be signed with: its signature is checked first, and a release "
+        "that fails it loads no file",
+    )
+    verify.add_argument(
+        "--require-signature",
+        action="store_true",
+        help="fail an unsigned release (needs --key)",
+    )
+    verify.add_argument(
         "--gpu",
         action="store_true",
         help="also run every signature on LiteRT's GPU accelerator alone, in fp32 and fp16 modes",
@@ -44,6 +55,20 @@ def parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="what produced a .tflite, from its metadata, and whether a manifest agrees")
     audit.add_argument("file", help="a .tflite produced by clef-litert")
+
+    keys = sub.add_parser(
+        "keys", help="make a key pair to sign releases with (encrypted if $CLEF_SIGNING_KEY_PASSWORD is set)"
+    )
+    keys.add_argument(
+        "directory",
+        nargs="?",
+        default=str(Path.home() / ".config" / "clef-litert"),
+        help="where to write release.key and release.pub, outside the repository (default: %(default)s)",
+    )
+
+    pull = sub.add_parser("pull", help="dvc pull, after checking that the DVC remote answers and holds data")
+    pull.add_argument("--remote", help="the DVC remote (default: the repository's default remote)")
+    pull.add_argument("targets", nargs="*", help="what to pull (default: everything dvc.lock names)")
     return ap
 
 

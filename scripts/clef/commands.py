@@ -1,4 +1,4 @@
-"""The three commands. Each returns an exit status; bad input raises ClefError (one line, exit 2)."""
+"""The commands. Each returns an exit status; bad input raises ClefError (one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
-from scripts.release import reader
+from scripts.release import reader, signing
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
 
@@ -135,12 +135,47 @@ def run(args) -> int:
 # ---- verify ------------------------------------------------------------------------------------
 
 
+def check_signature(root: Path, key: str | None, require: bool) -> list[str] | None:
+    """The release's signature, before anything in it is read: problems (the release fails), [] (it
+    verifies with `key`), or None (nothing was checked: no key given, or an unsigned release)."""
+    signed = (root / signing.SIGNATURE).is_file()
+    if require and not signed:
+        raise ClefError(f"{root} is not signed (no {signing.SIGNATURE}) and --require-signature was given")
+    if key is None:
+        claimed = signing.claimed_key(root) if signed else None
+        print(
+            f"note signature: {signing.SIGNATURE} names key {claimed}; not checked (pass --key PUB.pem)"
+            if signed
+            else "note unsigned release: the checks below hold the files to its manifest, not to a key"
+        )
+        return None
+    if not signed:
+        print(f"note unsigned release: --key {key} was not used; the checks below hold the files to its manifest only")
+        return None
+    progress(f"verify {root}: signature, hashing every file")
+    problems = signing.verify(root, key)
+    if not problems:
+        fingerprint = signing.claimed_key(root)
+        print(f"ok   signature: {signing.SIGNATURE} verifies with key {fingerprint}: every file is what was signed")
+    return problems
+
+
 def verify(args) -> int:
     from scripts.litert import tflite_file
 
     root = Path(args.release)
     if not root.is_dir():
         raise ClefError(f"{root} is not a directory")
+    if args.require_signature and not args.key:
+        raise ClefError("--require-signature needs --key PUB.pem, the public key to check the signature with")
+    if args.key:
+        signing.load_public_key(args.key)  # an unusable key is bad input, refused before any work
+    problems = check_signature(root, args.key, args.require_signature)
+    if problems:
+        for line in problems:
+            print(f"FAIL {line}")
+        print(f"verify: the signature failed ({len(problems)} problems); nothing in the release was loaded")
+        return 1
     manifest = reader.load_manifest(root)
     problems = reader.check_paths(root, manifest)
     if not problems:
@@ -163,12 +198,12 @@ def verify(args) -> int:
         ref = art["reference"]
         record = reader.load_reference(root, ref["file"])
         measured = reader.run_reference(root / path, art["kind"], record)
-        found = reader.reference_problems(measured, ref)
+        found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
         print(
             f"{'FAIL' if found else 'ok  '} {path}: max rel {measured['rel_vs_expected']:.2e}, per position "
-            f"{measured['rel_per_position_vs_expected']:.2e} vs the manifest's {ref['max_rel']:.2e}, "
-            f"{ref.get('max_rel_per_position', float('nan')):.2e} (thresholds {ref['threshold']:g}, "
-            f"{ref.get('threshold_per_position', float('nan')):g})"
+            f"{measured['rel_per_position_vs_expected']:.2e} vs the release's {ref['max_rel']:.2e}, "
+            f"{ref['max_rel_per_position']:.2e} (thresholds {ref['threshold']:g}, {ref['threshold_per_position']:g}; "
+            f"at most {ref['max_over_recorded']:g}x the release's)"
         )
         problems += [f"{path}: reference record: {line}" for line in found]
         if args.gpu:
@@ -289,4 +324,59 @@ def audit(args) -> int:
         print(f"manifest:  {root / reader.MANIFEST} DISAGREES: {'; '.join(disagree)}")
         return 1
     print(f"manifest:  {root / reader.MANIFEST} agrees (sha256, revision, form, shape)")
+    return audit_signature(root, manifest)
+
+
+def audit_signature(root: Path, manifest: dict) -> int:
+    """Whether the graph's release is signed, and by which key; the signature itself is checked by
+    `clef verify --key`, which hashes every file."""
+    recorded = manifest.get("signing", {})
+    present = (root / signing.SIGNATURE).is_file()
+    if not present and not recorded.get("signed"):
+        print(f"signature: none (unsigned release: {recorded.get('why', 'no signing entry')})")
+        return 0
+    claimed = signing.claimed_key(root) if present else None
+    if not present or claimed != recorded.get("key_fingerprint"):
+        print(
+            f"signature: DISAGREES: the manifest says signed by {recorded.get('key_fingerprint')}, "
+            f"{signing.SIGNATURE} {'names ' + str(claimed) if present else 'is missing'}"
+        )
+        return 1
+    print(
+        f"signature: {signing.SIGNATURE} by key {claimed} ({recorded.get('tool')}); "
+        f"check it: clef verify {root} --key PUB.pem"
+    )
+    return 0
+
+
+# ---- keys --------------------------------------------------------------------------------------
+
+
+def keys(args) -> int:
+    """A key pair for signing releases (make keys)."""
+    from scripts.clef.__main__ import CHECKOUT
+
+    private, public = signing.make_keys(Path(args.directory), repo=Path(CHECKOUT))
+    encrypted = ", encrypted" if signing.password_set() else ""
+    print(f"private key: {private} (mode 0600{encrypted}): keep it off shared machines")
+    print(f"public key:  {public} (fingerprint {signing.fingerprint(signing.load_public_key(public))}): share it")
+    print(f"sign releases with it: params.yaml release.signing_key: {private}")
+    return 0
+
+
+# ---- pull --------------------------------------------------------------------------------------
+
+
+def pull(args) -> int:
+    """`dvc pull`, after checking that the remote answers and holds something (one line if not)."""
+    import subprocess
+
+    from scripts.pipeline import remote
+
+    where = remote.check(Path.cwd(), args.remote)
+    progress(f"pull: remote {where}")
+    cmd = [sys.executable, "-m", "dvc", "pull", *(["--remote", args.remote] if args.remote else []), *args.targets]
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+        raise ClefError(f"dvc pull from {where} failed (exit {done.returncode}); its messages are above")
     return 0

@@ -72,12 +72,30 @@ def partial_dir(final: str | os.PathLike) -> Path:
 
 def swap_in_dir(built: str | os.PathLike, final: str | os.PathLike) -> None:
     """Replace directory `final` by the finished directory `built` (two renames, no copy)."""
-    built, final = Path(built), Path(final)
-    old = final.with_name(final.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final.exists() or final.is_symlink():
-        os.replace(final, old)
-    os.replace(built, final)
-    if old.exists():
+    swap_in_dirs([(built, final)])
+
+
+def swap_in_dirs(pairs: list[tuple[str | os.PathLike, str | os.PathLike]]) -> None:
+    """Replace each directory `final` by its finished `built`, all of them or none: the old ones are
+    renamed aside first, and every rename is undone if one fails (renames only, no copies)."""
+    pairs = [(Path(built), Path(final)) for built, final in pairs]
+    aside, placed = [], []
+    try:
+        for _, final in pairs:
+            old = final.with_name(final.name + ".old")
+            if old.exists():
+                shutil.rmtree(old)
+            if final.exists() or final.is_symlink():
+                os.replace(final, old)
+                aside.append((old, final))
+        for built, final in pairs:
+            os.replace(built, final)
+            placed.append((built, final))
+    except BaseException:
+        for built, final in reversed(placed):
+            os.replace(final, built)
+        for old, final in reversed(aside):
+            os.replace(old, final)
+        raise
+    for old, _ in aside:
         shutil.rmtree(old)

@@ -41,6 +41,13 @@ def positive_number(value, name: str) -> float:
     return float(value)
 
 
+def factor(value, name: str) -> float:
+    """A ratio to a figure measured before: a finite number >= 1 (below 1, the same run would fail it)."""
+    if positive_number(value, name) < 1:
+        raise ClefError(f"params.yaml: {name} {value!r} is below 1")
+    return float(value)
+
+
 def non_negative_number(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ClefError(f"params.yaml: {name} {value!r} is not a number >= 0")
@@ -147,6 +154,13 @@ def mapping(required: dict, optional: dict | None = None):
     return check
 
 
+def optional_path(value, name: str) -> str | None:
+    """null, or a non-empty path string (what lies there is checked by the stage that reads it)."""
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ClefError(f"params.yaml: {name} {value!r} must be a file path or null")
+    return value
+
+
 def did_you_mean(key, known) -> str:
     close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
     return f"; did you mean {close[0]}?" if close else f"; known keys: {', '.join(known)}"
@@ -209,7 +223,9 @@ SCHEMA = {
     "verify_gpu": mapping(
         {"max_rel_fp32": THRESHOLD, "max_rel_per_position_fp32": THRESHOLD, "fp16_max_over_floor": positive_number}
     ),
-    "release": mapping({"host_weights": one_of(*HOST_WEIGHT_MODES)}),
+    "release": mapping(
+        {"host_weights": one_of(*HOST_WEIGHT_MODES), "signing_key": optional_path, "max_over_recorded": factor}
+    ),
 }
 
 

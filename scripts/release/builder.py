@@ -30,7 +30,7 @@ def md5_file(path: Path) -> str:
 
 
 def check_host_weights(mode) -> str:
-    return params.SCHEMA["release"]({"host_weights": mode}, "release")["host_weights"]
+    return params.one_of(*params.HOST_WEIGHT_MODES)(mode, "release.host_weights")
 
 
 def release_name(rec: dict, form: str) -> str:

@@ -11,7 +11,31 @@ def _io_table(entries: list[dict]) -> list[str]:
     return lines
 
 
-def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall: dict) -> str:
+def signing_lines(signed: dict) -> list[str]:
+    if not signed["signed"]:
+        return [
+            "## Signature",
+            "",
+            f"**Unsigned** ({signed['why']}). `clef verify` checks every file against `manifest.json`, "
+            "which proves the files are the ones the manifest lists, not who made the manifest: a graph "
+            "edited together with its manifest entry passes. Obtain this release from a source you trust.",
+            "",
+        ]
+    return [
+        "## Signature",
+        "",
+        f"Signed with {signed['tool']} (OpenSSF): `{signed['signature']}` is a Sigstore bundle over "
+        f"{signed['covers']}, by the elliptic-curve key `{signed['key_fingerprint']}` (sha256 of its "
+        "public key's DER). Check it with the public key your team keeps:",
+        "",
+        "```",
+        "clef verify . --key release.pub --require-signature",
+        "```",
+        "",
+    ]
+
+
+def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall: dict, signed: dict) -> str:
     rows = sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
     pairs = sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: (a["P"], a["S"]))
     path_of = {id(a): p for p, a in artifacts.items()}
@@ -47,6 +71,7 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
         "| `manifest.json` | hashes of every file, provenance, signatures, verification figures | | |",
         "",
     ]
+    out += signing_lines(signed)
     if rows:
         out += [f"## Row graph contract (L={rows[0]['L']} shown; other L change only the length)", ""]
         sig = rows[0]["signatures"]["serving_default"]

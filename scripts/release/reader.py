@@ -3,7 +3,8 @@ hash), the graphs' expected identity, and the reference records `clef verify` re
 
 The release's layout (artifacts/release/): manifest.json, README.md (the model card), rows/ and pairs/
 (.tflite), host/ (config, tokenizer, embed_tokens + lm_head), checks/ (one reference record per graph:
-its inputs and torch's output, held to the threshold the manifest promises).
+its inputs and torch's output, held to the threshold the manifest promises), and, when signed,
+model.sig (scripts/release/signing.py), the one file the manifest cannot list.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import checkpoint_layout
+from scripts.release.signing import SIGNATURE
 
-FORMAT = "clef-litert-release/1"
+FORMAT = "clef-litert-release/2"  # 2: `signing`, and `max_over_recorded` in every reference entry
 
 
 MANIFEST = "manifest.json"
@@ -78,6 +80,33 @@ def reference_problems(figures: dict, reference: dict) -> list[str]:
     if "threshold_per_position" in reference:
         bounds["rel_per_position_vs_expected"] = reference["threshold_per_position"]
     return compare.judge([figures], bounds)
+
+
+# Below float32's machine epsilon an error is rounding noise, not a figure to hold 10x to.
+FP32_EPS = 2.0**-23
+
+
+def drift_problems(figures: dict, reference: dict) -> list[str]:
+    """A reference record's figures against the ones measured at release time: more than the manifest's
+    `max_over_recorded` times the recorded figure (floored at float32's epsilon) means a different
+    runtime or a changed graph, even under the threshold. NaN anywhere fails."""
+    from scripts.checks import compare
+
+    factor = reference["max_over_recorded"]
+    out = []
+    for key, recorded_key in (
+        ("rel_vs_expected", "max_rel"),
+        ("rel_per_position_vs_expected", "max_rel_per_position"),
+    ):
+        recorded, measured = reference.get(recorded_key), figures.get(key)
+        if compare.exceeds(recorded, float("inf")):
+            out.append(f"{key}: the manifest's recorded figure {recorded!r} is not a finite number")
+        elif compare.exceeds(measured, factor * max(recorded, FP32_EPS)):
+            out.append(
+                f"{key} {compare.shown(measured)} is more than {factor:g}x the {recorded:.3g} measured at release "
+                "(a different runtime or a changed graph)"
+            )
+    return out
 
 
 def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
@@ -156,9 +185,8 @@ def check_files(root: Path, manifest: dict) -> list[str]:
     """Problems with the files themselves, one line each: missing, changed (size or sha256), extra."""
     root = Path(root)
     listed = manifest["files"]
-    present = {
-        str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) != Path(MANIFEST)
-    }
+    unlisted = {Path(MANIFEST), Path(SIGNATURE)}
+    present = {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) not in unlisted}
     problems = [f"missing file: {name}" for name in sorted(set(listed) - present)]
     for name in sorted(set(listed) & present):
         f = root / name
