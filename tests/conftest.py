@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import scripts  # noqa: F401  (quiets third-party import noise before torch/transformers load)
 from scripts.checkpoint import fetch, snapshot
@@ -121,12 +122,28 @@ def clef(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def pipeline(tmp_path_factory) -> dict:
+def release_keys(tmp_path_factory) -> tuple[Path, Path]:
+    """A throwaway signing key pair (private, public), outside every repository, as `make keys` makes it."""
+    from scripts.release import signing
+
+    return signing.make_keys(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory, release_keys) -> dict:
     """`dvc repro` of the whole pipeline on the embedded default, once per session, in a temporary
-    git copy of the repo. Nothing is committed after it: the graphs record the commit they were built
-    at, so a forced rebuild at the same commit must give the same bytes. -> {"repo", "log"}"""
+    git copy of the repo whose params.yaml signs the release with `release_keys`. Nothing is committed
+    after it: the graphs record the commit they were built at, so a forced rebuild at the same commit
+    must give the same bytes. -> {"repo", "log", "public_key"}"""
     repo = repo_copy(tmp_path_factory.mktemp("pipeline") / "repo")
-    return {"repo": repo, "log": dvc(repo, "repro")}
+    p = yaml.safe_load((repo / "params.yaml").read_text())
+    assert p["release"]["signing_key"] is None, (
+        "the committed params.yaml must build unsigned (no key on a fresh clone)"
+    )
+    text = (repo / "params.yaml").read_text().replace("signing_key: null", f"signing_key: {release_keys[0]}")
+    (repo / "params.yaml").write_text(text)
+    git(repo, "commit", "-qam", "sign the release with a throwaway key")
+    return {"repo": repo, "log": dvc(repo, "repro"), "public_key": release_keys[1]}
 
 
 def pytest_collection_modifyitems(items):

@@ -20,6 +20,7 @@ from scripts.checks import controls
 from scripts.litert import tflite_file
 from scripts.pipeline import layout, readme, stage_deps
 from tests.conftest import ROOT, clef, dvc, dvc_run, git
+from tests.s3_server import add_s3_remote, s3_server, set_credentials
 
 STAGES = {name: st.get("do", st) for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
 
@@ -418,31 +419,37 @@ def test_model_artifacts_declared(pipeline):
 
 @pytest.fixture(scope="module")
 def pulled_clone(pipeline, tmp_path_factory) -> Path:
-    """The pipeline's repo pushed to a local-directory DVC remote, cloned with git and pulled with dvc."""
+    """The pipeline's repo pushed to an S3 remote (an S3-API server on loopback, tests/s3_server.py),
+    cloned with git and pulled with `clef pull`, as a team shares a signed release."""
     repo = pipeline["repo"]
-    remote = tmp_path_factory.mktemp("remote")
-    dvc(repo, "remote", "add", "--default", "team", str(remote))
-    git(repo, "add", "-A")  # the remote's config and the dvc.lock of what is pushed, as a team commits them
-    git(repo, "commit", "-qm", "release and remote")
-    dvc(repo, "push")
-    clone = tmp_path_factory.mktemp("clone") / "repo"
-    git(repo.parent, "clone", "-q", str(repo), str(clone))
-    git(clone, "config", "user.name", "test")  # `dvc exp run` commits experiments
-    git(clone, "config", "user.email", "test@localhost")
-    dvc(clone, "pull")
-    return clone
+    with s3_server("team") as endpoint:
+        add_s3_remote(repo, dvc, "team", "s3://team/clef-litert", endpoint)
+        git(repo, "add", "-A")  # the remote's config and the dvc.lock of what is pushed, as a team commits them
+        git(repo, "commit", "-qm", "release and remote")
+        dvc(repo, "push")
+        clone = tmp_path_factory.mktemp("clone") / "repo"
+        git(repo.parent, "clone", "-q", str(repo), str(clone))
+        git(clone, "config", "user.name", "test")  # `dvc exp run` commits experiments
+        git(clone, "config", "user.email", "test@localhost")
+        set_credentials(clone, dvc, "team")
+        proc = clef(clone, "pull")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield clone
 
 
 def test_remote_round_trip(pipeline, pulled_clone):
-    """What one team member pushes, another pulls byte for byte, and it verifies where it lands."""
+    """What one team member pushes, another pulls byte for byte, and it verifies with the team's key."""
     source, clone = pipeline["repo"] / "artifacts/release", pulled_clone / "artifacts/release"
     files = json.loads((source / "manifest.json").read_text())["files"]
     for name, entry in files.items():
         assert hashlib.sha256((clone / name).read_bytes()).hexdigest() == entry["sha256"], name
+    assert (clone / "model.sig").read_bytes() == (source / "model.sig").read_bytes()
     assert list((pulled_clone / "artifacts/dist").glob("*.tar.gz"))
     assert "Data and pipelines are up to date." in dvc(pulled_clone, "status")
-    proc = clef(pulled_clone, "verify", "artifacts/release")
+    key = str(pipeline["public_key"])
+    proc = clef(pulled_clone, "verify", "artifacts/release", "--key", key, "--require-signature")
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout + proc.stderr
+    assert "ok   signature: model.sig verifies with key" in proc.stdout
 
 
 def test_form_override_reaches_every_stage_that_reads_it(pulled_clone):

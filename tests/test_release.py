@@ -399,3 +399,202 @@ def test_clef_runs_as_a_module(tmp_path):
 def test_clef_debug_shows_the_traceback(tmp_path):
     proc = clef(tmp_path, "--debug", "verify", "no/such/dir")
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "not a directory" in proc.stderr
+
+
+# ---- the signature: what the manifest alone cannot catch -------------------------------------------
+
+
+def rehash(root: Path, names: list[str]) -> None:
+    """Update the manifest's hashes of `names` (files and graph entries) to the files as they now are:
+    the consistent edit a manifest alone cannot tell from a release."""
+    manifest = json.loads((root / reader.MANIFEST).read_text())
+    for name in names:
+        entry = {"sha256": snapshot.sha256_file(root / name), "size": (root / name).stat().st_size}
+        manifest["files"][name] = entry
+        if name in manifest["artifacts"]:
+            manifest["artifacts"][name].update(sha256=entry["sha256"], md5=builder.md5_file(root / name))
+    atomic.write_json(root / reader.MANIFEST, manifest)
+
+
+def forge_commit(root: Path, graph: str) -> str:
+    """Rewrite the commit a graph's metadata records to zeros, and its manifest hashes to match."""
+    from scripts.litert import tflite_file
+
+    commit = tflite_file.read_metadata(root / graph)["git"]["commit"]
+    data = (root / graph).read_bytes()
+    assert data.count(commit.encode()) >= 1
+    (root / graph).write_bytes(data.replace(commit.encode(), b"0" * 40))
+    rehash(root, [graph])
+    return commit
+
+
+def loosen_thresholds(root: Path) -> None:
+    manifest = json.loads((root / reader.MANIFEST).read_text())
+    for art in manifest["artifacts"].values():
+        art["reference"]["threshold"] = 1.0
+    atomic.write_json(root / reader.MANIFEST, manifest)
+
+
+def flip_weight_byte(root: Path) -> None:
+    f = root / "rows" / "row_L64.tflite"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+    rehash(root, ["rows/row_L64.tflite"])
+
+
+def test_the_release_is_signed_with_the_params_key(pipeline, built):
+    from scripts.release import signing
+
+    manifest = reader.load_manifest(built)
+    fingerprint = signing.fingerprint(signing.load_public_key(pipeline["public_key"]))
+    assert manifest["signing"]["signed"] and manifest["signing"]["key_fingerprint"] == fingerprint
+    assert signing.claimed_key(built) == fingerprint and signing.SIGNATURE not in manifest["files"]
+    key_path = str(manifest["params"]["release"]["signing_key"])
+    key_bytes = Path(key_path).read_bytes()
+    for f in [*built.rglob("*"), pipeline["repo"] / "dvc.lock"]:  # the private key's bytes go nowhere
+        assert not f.is_file() or key_bytes not in f.read_bytes(), f
+    assert key_bytes not in pipeline["log"].encode()
+    assert "## Signature" in (built / reader.CARD).read_text() and fingerprint in (built / reader.CARD).read_text()
+    tarball = next((built.parent / "dist").glob("*.tar.gz"))
+    import tarfile
+
+    with tarfile.open(tarball) as tar:
+        assert f"{manifest['name']}/{signing.SIGNATURE}" in tar.getnames()
+
+
+def test_clef_verify_with_the_key(pipeline, built):
+    proc = clef(built.parent, "verify", str(built), "--key", str(pipeline["public_key"]), "--require-signature")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok   signature: model.sig verifies with key sha256:" in proc.stdout and "all checks passed" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "edit, named, passes_without_key",
+    [
+        # the issue's forgery: provenance rewritten, hashes updated; the manifest alone cannot see it
+        (lambda r: forge_commit(r, "rows/row_L64.tflite"), ["rows/row_L64.tflite", "manifest.json"], True),
+        # a graph and the manifest edited consistently
+        (flip_weight_byte, ["rows/row_L64.tflite", "manifest.json"], None),
+        # the manifest alone: thresholds loosened
+        (loosen_thresholds, ["manifest.json"], True),
+    ],
+)
+def test_the_signature_catches_consistent_edits(pipeline, release_copy, edit, named, passes_without_key):
+    edit(release_copy)
+    if passes_without_key:  # what the release had before it was signed: these edits pass the manifest's checks
+        assert clef(release_copy.parent, "verify", str(release_copy)).returncode == 0
+    proc = clef(release_copy.parent, "verify", str(release_copy), "--key", str(pipeline["public_key"]))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for name in named:
+        assert f"FAIL signature: changed file: {name} (not what was signed)" in proc.stdout, proc.stdout
+    assert "nothing in the release was loaded" in proc.stdout
+    assert "reference record in the interpreter" not in proc.stderr and not re.search(r"hashing \d+ files", proc.stderr)
+
+
+def test_clef_verify_refuses_another_key_and_an_altered_signature(release_copy, tmp_path):
+    from scripts.release import signing
+
+    _, other = signing.make_keys(tmp_path / "other")
+    proc = clef(release_copy.parent, "verify", str(release_copy), "--key", str(other))
+    assert proc.returncode == 1 and "FAIL model.sig does not verify with key" in proc.stdout, proc.stdout
+    bundle = json.loads((release_copy / signing.SIGNATURE).read_text())
+    bundle["dsseEnvelope"]["payload"] = bundle["dsseEnvelope"]["payload"][:-8] + "AAAAAAA="
+    (release_copy / signing.SIGNATURE).write_text(json.dumps(bundle))
+    proc = clef(release_copy.parent, "verify", str(release_copy), "--key", str(other))
+    assert proc.returncode == 1 and "FAIL model.sig" in proc.stdout, proc.stdout
+
+
+def test_clef_verify_bad_key_input(pipeline, release_copy, tmp_path):
+    from scripts.release import signing
+
+    key = str(pipeline["public_key"])
+    (release_copy / signing.SIGNATURE).unlink()
+    assert_one_line_error(
+        clef(release_copy.parent, "verify", str(release_copy), "--key", key, "--require-signature"),
+        "is not signed (no model.sig) and --require-signature was given",
+    )
+    unsigned = clef(release_copy.parent, "verify", str(release_copy), "--key", key)
+    assert unsigned.returncode == 0 and "note unsigned release: --key" in unsigned.stdout, unsigned.stdout
+    assert_one_line_error(
+        clef(release_copy.parent, "verify", str(release_copy), "--require-signature"), "--require-signature needs --key"
+    )
+    (tmp_path / "junk.pub").write_text("not a key")
+    assert_one_line_error(
+        clef(release_copy.parent, "verify", str(release_copy), "--key", str(tmp_path / "junk.pub")),
+        "is not a PEM public key",
+    )
+    assert_one_line_error(
+        clef(release_copy.parent, "verify", str(release_copy), "--key", str(pipeline["repo"] / "params.yaml")),
+        "is not a PEM public key",
+    )
+
+
+def test_clef_audit_names_the_signing_key(pipeline, built, release_copy):
+    from scripts.release import signing
+
+    fingerprint = signing.fingerprint(signing.load_public_key(pipeline["public_key"]))
+    proc = clef(built, "audit", "rows/row_L64.tflite")
+    assert proc.returncode == 0 and f"signature: model.sig by key {fingerprint}" in proc.stdout, proc.stdout
+    (release_copy / signing.SIGNATURE).unlink()
+    proc = clef(release_copy, "audit", "rows/row_L64.tflite")
+    assert proc.returncode == 1 and "signature: DISAGREES" in proc.stdout and "is missing" in proc.stdout
+
+
+def test_clef_verify_fails_a_figure_far_from_the_recorded_one(release_copy):
+    """Under the threshold but more than max_over_recorded x what the release measured: a different
+    runtime or a changed graph. The expectation is scaled to land between the two bounds."""
+    from safetensors.torch import load_file, save_file
+
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
+    ref = manifest["artifacts"]["rows/row_L64.tflite"]["reference"]
+    target = 0.5 * ref["threshold"]
+    assert target > 2 * ref["max_over_recorded"] * max(ref["max_rel"], reader.FP32_EPS), ref  # room between bounds
+    path = release_copy / ref["file"]
+    record = load_file(str(path))
+    record["expected"] = record["expected"] * (1 + target)
+    save_file(record, str(path))
+    rehash(release_copy, [ref["file"]])
+    proc = clef(release_copy.parent, "verify", str(release_copy))
+    assert proc.returncode == 1, proc.stdout
+    assert f"is more than {ref['max_over_recorded']:g}x the" in proc.stdout and "> " not in proc.stdout, proc.stdout
+
+
+# ---- a refused release leaves the previous one whole and nothing half-built ---------------------------
+
+
+def tree_hashes(root: Path) -> dict:
+    return {str(f.relative_to(root)): snapshot.sha256_file(f) for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.fixture
+def pipeline_copy(pipeline, tmp_path) -> Path:
+    """The pipeline's workspace (params, dvc.lock, hf/, artifacts/, results/) copied to run a stage in."""
+    repo = pipeline["repo"]
+    for name in ("params.yaml", "dvc.yaml", "dvc.lock"):
+        shutil.copy(repo / name, tmp_path / name)
+    for name in ("hf", "artifacts", "results"):
+        shutil.copytree(repo / name, tmp_path / name)
+    for f in tmp_path.rglob("*"):
+        f.chmod(0o755 if f.is_dir() else 0o644)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "edit, fragments",
+    [
+        # after preflight: the first reference record is over a threshold no graph can meet
+        (("max_rel_vs_torch: 1.0e-4", "max_rel_vs_torch: 1.0e-12"), ["reference record", "> 1e-12"]),
+        # before any work: the signing key has gone
+        (("signing_key: /", "signing_key: /nonexistent/"), ["release.signing_key: no key file /nonexistent/"]),
+    ],
+)
+def test_a_refused_release_leaves_no_partial_and_the_previous_release(pipeline_copy, edit, fragments):
+    artifacts = pipeline_copy / "artifacts"
+    before = {d: tree_hashes(artifacts / d) for d in ("release", "dist")}
+    text = (pipeline_copy / "params.yaml").read_text()
+    assert edit[0] in text
+    (pipeline_copy / "params.yaml").write_text(text.replace(edit[0], edit[1], 1))
+    assert_one_line_error(run_stage("release", pipeline_copy), *fragments)
+    assert sorted(p.name for p in artifacts.iterdir()) == ["dist", "pairs", "release", "rows"]
+    assert {d: tree_hashes(artifacts / d) for d in ("release", "dist")} == before

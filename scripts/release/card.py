@@ -69,9 +69,10 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
         f"| `host/` | config and tokenizer; {host_weights} | | |",
         "| `checks/` | one reference record per graph: its inputs and the torch output it must match | | |",
         "| `manifest.json` | hashes of every file, provenance, signatures, verification figures | | |",
-        "",
     ]
-    out += signing_lines(signed)
+    if signed["signed"]:
+        out.append(f"| `{signed['signature']}` | the signature over every other file (below) | | |")
+    out += ["", *signing_lines(signed)]
     if rows:
         out += [f"## Row graph contract (L={rows[0]['L']} shown; other L change only the length)", ""]
         sig = rows[0]["signatures"]["serving_default"]
