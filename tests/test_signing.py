@@ -108,10 +108,23 @@ def test_a_rewritten_statement_fails(signed, keys):
     assert "does not verify with key" in problem
 
 
-def test_a_damaged_bundle_is_one_line(signed, keys):
-    (signed / signing.SIGNATURE).write_text("not json")
+@pytest.mark.parametrize("damage", ["not json", '{"dsseEnvelope": {"payload": "%%%"}}', "[]"])
+def test_a_damaged_bundle_is_one_line(signed, keys, damage):
+    (signed / signing.SIGNATURE).write_text(damage)
     (problem,) = signing.verify(signed, keys[1])
-    assert problem.startswith(f"{signing.SIGNATURE} is not a model-signing bundle: ") and "\n" not in problem
+    assert problem.startswith(f"{signing.SIGNATURE} is not a model-signing bundle") and "\n" not in problem
+
+
+def test_a_file_named_like_the_signature_elsewhere_is_not_ignored(signed, keys):
+    (signed / "rows" / signing.SIGNATURE).write_text("x")
+    assert signing.verify(signed, keys[1]) == [f"signature: extra file: rows/{signing.SIGNATURE} (not signed)"]
+
+
+def test_a_symlink_in_the_release_is_named(signed, keys, tmp_path):
+    (tmp_path / "outside").write_text("x")
+    (signed / "rows" / "link").symlink_to(tmp_path / "outside")
+    (problem,) = signing.verify(signed, keys[1])
+    assert problem.startswith("signature: ") and "link" in problem, problem
 
 
 def test_key_refusals(tmp_path, keys, monkeypatch):

@@ -167,7 +167,7 @@ def signed_files(root: Path) -> dict[str, str]:
 def differences(root: Path) -> list[str]:
     """The files that differ from the signed statement, one line each."""
     signed = signed_files(root)
-    present = {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.name != SIGNATURE}
+    present = {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f != root / SIGNATURE}
     lines = [f"missing file: {n} (signed, not present)" for n in sorted(set(signed) - present)]
     lines += [
         f"changed file: {n} (not what was signed)"
@@ -188,6 +188,8 @@ def verify(root: Path, public_key_path: str | os.PathLike) -> list[str]:
     key = load_public_key(public_key_path)
     if not (root / SIGNATURE).is_file():
         raise ClefError(f"{root} has no {SIGNATURE}")
+    if "dsseEnvelope" not in _bundle(root):
+        return [f"{SIGNATURE} is not a model-signing bundle (no JSON DSSE envelope)"]
     config = verifying.Config().use_elliptic_key_verifier(public_key=Path(public_key_path).expanduser())
     try:
         config.set_hashing_config(_hashing(root)).verify(root, root / SIGNATURE)
@@ -202,8 +204,11 @@ def verify(root: Path, public_key_path: str | os.PathLike) -> list[str]:
             return [f"signature: {line}" for line in differences(root)] or [
                 "signature: the files differ from what was signed"
             ]
-        return [f"{SIGNATURE} is not a model-signing bundle: {' '.join(str(exc).split())[:200]}"]
-    except Exception as exc:  # noqa: BLE001  (a damaged bundle fails in the JSON, base64 or protobuf layer)
+        message = " ".join(str(exc).split())[:200]
+        if message.startswith("Invalid sigstore bundle"):
+            return [f"{SIGNATURE} is not a model-signing bundle: {message}"]
+        return [f"signature: {message}"]  # e.g. a symlink in the release
+    except Exception as exc:  # noqa: BLE001  (a damaged bundle fails in the base64 or protobuf layer)
         return [f"{SIGNATURE} is not a model-signing bundle: {type(exc).__name__}"]
     return []
 
