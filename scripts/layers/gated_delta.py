@@ -3,9 +3,10 @@
 The form grammar (R<n>, loop, sp, ec, dd, cumsum, vs<k>) and what each part means live in
 scripts/layers/kernel_form.py. Why the parts exist: a LiteRT graph for GPU delegates needs rank <= 4
 tensors, builtin ops only (no CUMSUM, IOTA, WHILE), no loops, and must stay finite in fp16. The
-kernel works on rank-4 tensors laid out chunk-major, [chunks, B*H, C, D] (each chunk step then reads
-contiguous memory), builds every mask once as a constant, and unrolls only the loop over chunks
-(fixed at a fixed L).
+kernel works on rank-3 tensors laid out chunk-major, [chunks x B*H, C, D] (each chunk is one
+contiguous block of rows, and batched matmuls need no reshapes), builds every mask once as a
+constant, computes everything that does not depend on the state for all chunks at once, and unrolls
+only what does: two matmuls per chunk, at a fixed L.
 """
 
 from __future__ import annotations
@@ -120,11 +121,11 @@ def loop_inverse(n: torch.Tensor, const: ChunkConstants) -> torch.Tensor:
 
 
 def decays(g: torch.Tensor, form: Form, const: ChunkConstants):
-    """Log-decays of chunked g [N, BH, C] ->
-    (pair [N, BH, C, C] = sum of g over (j, i], prefix [N, BH, C], total [N, BH], tail [N, BH, C])."""
-    n, bh, c = g.shape
+    """Log-decays of chunked g [..., C] (one row per chunk of one head) ->
+    (pair [..., C, C] = sum of g over (j, i], prefix [..., C], total [...], tail [..., C])."""
+    *lead, c = g.shape
     if form.dd:
-        pair = (g @ const.segments.to(g.dtype)).reshape(n, bh, c, c)
+        pair = (g @ const.segments.to(g.dtype)).reshape(*lead, c, c)
         prefix = g @ const.cum_incl.to(g.dtype)
         tail = g @ const.cum_tail.to(g.dtype)
         total = g.sum(-1)
@@ -190,14 +191,16 @@ def make_kernel(form: Form, carry_state: bool = True):
         pad = (c - length % c) % c  # pads: g = 0 (no decay) and beta = 0 (no update): the state passes through
         n_chunks = (length + pad) // c
 
-        def chunk_major(x, tail_dims):  # [B, L, H, *D] -> [N, B*H, C, *D]: batch folded into heads
+        def chunk_major(x, tail_dims):  # [B, L, H, *D] -> [N * B*H, C, *D]: chunk-major rows, rank 3
             x = x.transpose(1, 2).reshape(b * h, length, *(tail_dims or (1,)))
             # zeros joined by concatenation, not PAD: LiteRT's GPU accelerator refuses a rank-2 PAD and,
             # measured on it, computes a rank-3 one wrong (verify_gpu and tests/test_gpu_accelerator.py)
             if pad:
                 x = torch.cat([x, torch.zeros(b * h, pad, x.shape[-1], dtype=x.dtype)], dim=1)
-            # chunk-major, so that the chunk loop below reads contiguous slices
-            return x.reshape(b * h, n_chunks, c, *tail_dims).transpose(0, 1).contiguous()
+            # chunk-major and rank 3: chunk i is rows [i BH, (i + 1) BH), one contiguous slice, and every
+            # batched matmul below runs without the reshapes a rank-4 operand costs in the graph
+            x = x.reshape(b * h, n_chunks, c, *tail_dims).transpose(0, 1)
+            return x.reshape(n_chunks * b * h, c, *tail_dims)
 
         q = chunk_major(query, (dk,)) * (dk**-0.5)
         k = chunk_major(key, (dk,))
@@ -206,32 +209,66 @@ def make_kernel(form: Form, carry_state: bool = True):
         g_c = chunk_major(g, ())
 
         pair, prefix, total, tail = decays(g_c, form, const)
-        gamma = pair_decay(pair, form, const)  # [N, BH, C, C]
+        gamma = pair_decay(pair, form, const)  # [N BH, C, C]
         k_beta = k * beta_c.unsqueeze(-1)
         n_mat = -(k_beta @ k.transpose(-1, -2)) * gamma * const.strict_lower.to(dtype)
-        t_mat = inverse(n_mat, const)  # (I - N)^-1, [N, BH, C, C]
-        u = t_mat @ (v * beta_c.unsqueeze(-1))  # [N, BH, C, Dv]
-        w = t_mat @ (k_beta * decay_exp(prefix, form).unsqueeze(-1))  # [N, BH, C, Dk]
-        q_decayed = q * decay_exp(prefix, form).unsqueeze(-1)
-        k_tail = (k * decay_exp(tail, form).unsqueeze(-1)).transpose(-1, -2)  # [N, BH, Dk, C]
-        intra = (q @ k.transpose(-1, -2)) * gamma  # [N, BH, C, C]
-        carry = decay_exp(total, form).unsqueeze(-1).unsqueeze(-1)  # [N, BH, 1, 1]
+        t_mat = inverse(n_mat, const)  # (I - N)^-1, [N BH, C, C]
+        u = t_mat @ (v * beta_c.unsqueeze(-1))  # [N BH, C, Dv]
+        intra = (q @ k.transpose(-1, -2)) * gamma  # [N BH, C, C]
+        bh = b * h
+        state = None if initial_state is None else initial_state.to(dtype).reshape(bh, dk, dv)
 
-        state = (
-            torch.zeros(b * h, dk, dv, dtype=dtype)
-            if initial_state is None
-            else initial_state.to(dtype).reshape(b * h, dk, dv)
-        )
-        outs = []
-        for i in range(n_chunks):  # unrolled at a fixed L: one block of ops per chunk, none per token
-            if i and not carry_state:
-                state = torch.zeros_like(state)
-            v_new = u[i] - w[i] @ state
-            outs.append(q_decayed[i] @ state + intra[i] @ v_new)
-            state = state * carry[i] + k_tail[i] @ v_new
-        out = torch.cat(outs, dim=1)[:, :length]  # [BH, L, Dv]
-        out = out.reshape(b, h, length, dv).transpose(1, 2)
+        def decayed():  # -> w [N BH, C, Dk], q decayed to the chunk's start [N BH, C, Dk], k_tail [N BH, Dk, C]
+            to_start = decay_exp(prefix, form).unsqueeze(-1)
+            w = t_mat @ (k_beta * to_start)
+            k_tail = (k * decay_exp(tail, form).unsqueeze(-1)).transpose(-1, -2)
+            return w, q * to_start, k_tail
+
+        if form.loop:
+            # the stock kernel's order within each chunk: `loop` is the stock algorithm in this layout
+            w, q_decayed, k_tail = decayed()
+            carry = decay_exp(total, form).unsqueeze(-1).unsqueeze(-1)  # [N BH, 1, 1]
+            state = torch.zeros(bh, dk, dv, dtype=dtype) if state is None else state
+            outs = []
+            for i in range(n_chunks):
+                rows = slice(i * bh, (i + 1) * bh)
+                if i and not carry_state:
+                    state = torch.zeros_like(state)
+                v_new = u[rows] - w[rows] @ state
+                outs.append(q_decayed[rows] @ state + intra[rows] @ v_new)
+                state = state * carry[rows] + k_tail[rows] @ v_new
+            out = torch.cat(outs, dim=0)
+        else:
+            # Every chunk's output from its own tokens, all chunks at once; then, with S_i the state
+            # entering chunk i ([BH, Dk, Dv]):
+            #   out_i += read_i S_i          read_i = q_i exp(prefix) - intra_i w_i        [BH, C, Dk]
+            #   S_i+1 = carry_i S_i - forget_i S_i + write_i
+            #       carry_i = exp(total_i), forget_i = k_tail_i w_i [BH, Dk, Dk], write_i = k_tail_i u_i [BH, Dk, Dv]
+            # (the stock order, v_new = u - w S, out = q_dec S + intra v_new, S = carry S + k_tail v_new,
+            # regrouped): read, forget and write are computed once for all chunks, so the unrolled loop
+            # holds two matmuls per chunk instead of four, and nothing where the state is known to be zero.
+            out = intra @ u
+            if n_chunks > 1 or state is not None or output_final_state:
+                w, q_decayed, k_tail = decayed()
+
+                def per_chunk(x):  # slices, not torch.split: the converter fails on a split into one piece
+                    return [x[i * bh : (i + 1) * bh] for i in range(n_chunks)]
+
+                read = per_chunk(q_decayed - intra @ w)
+                carry = per_chunk(decay_exp(total, form).unsqueeze(-1).unsqueeze(-1))  # [BH, 1, 1] each
+                forget = per_chunk(k_tail @ w)
+                write = per_chunk(k_tail @ u)
+                gained = []  # read_i S_i per chunk (a zero block where S_i is zero)
+                for i in range(n_chunks):  # unrolled at a fixed L
+                    if i and not carry_state:
+                        state = None
+                    gained.append(torch.zeros(bh, c, dv, dtype=dtype) if state is None else read[i] @ state)
+                    if i < n_chunks - 1 or output_final_state:
+                        state = write[i] if state is None else carry[i] * state - forget[i] @ state + write[i]
+                out = out + torch.cat(gained, dim=0)
         final = state.reshape(b, h, dk, dv) if output_final_state else None
+        out = out.reshape(n_chunks, b * h, c, dv).transpose(0, 1).reshape(b * h, n_chunks * c, dv)[:, :length]
+        out = out.reshape(b, h, length, dv).transpose(1, 2)
         return out, final
 
     kernel.__name__ = f"chunk_gated_delta_rule[{form}]" + ("" if carry_state else "[state zeroed per chunk]")
