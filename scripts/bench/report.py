@@ -81,7 +81,13 @@ def stage_records(ws: Path) -> dict:
     runtime = ws / layout.RUNTIME
     records = {p.stem: json.loads(p.read_text()) for p in sorted(runtime.glob("*.json"))} if runtime.is_dir() else {}
     return {
-        name: {"seconds": r["seconds"], "peak_rss_gib": r["peak_rss_bytes"] / 2**30, "finished_utc": r["finished_utc"]}
+        name: {
+            "seconds": r["seconds"],
+            "peak_rss_gib": r["peak_rss_bytes"] / 2**30,
+            # anonymous memory (scripts/pipeline/measure.py): absent from records made before it was sampled
+            **({"peak_anon_gib": r["peak_anon_bytes"] / 2**30} if "peak_anon_bytes" in r else {}),
+            "finished_utc": r["finished_utc"],
+        }
         for name, r in records.items()
     }
 
@@ -124,7 +130,8 @@ WIDTH_ONLY_STAGES = ("verify_kernel", "kernel_bench")
 def extrapolate(tiny: dict, real: dict) -> dict:
     """clef-flash's needs per stage, from the real-width run (one of clef-flash's 8 blocks of 3
     GatedDeltaNet + 1 attention layers) and the tiny run (the same code with ~no weights).
-    - peak RSS: the tiny run's (the runtime itself) + 8 x what the real-width weights added to it;
+    - peak RSS and peak anonymous memory: the tiny run's (the runtime itself) + 8 x what the
+      real-width weights added to it;
     - time: 8 x the real-width time, an upper bound (each stage's fixed start-up is scaled too);
     - WIDTH_ONLY_STAGES: as measured at real width."""
     blocks = CLEF_FLASH_LAYERS // real["layers"] if real.get("layers") else None
@@ -133,12 +140,13 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         t = tiny["stages"].get(name)
         if t is None or blocks is None:
             continue
+        memory = [k for k in ("peak_rss_gib", "peak_anon_gib") if k in r and k in t]
         if name in WIDTH_ONLY_STAGES:
-            out[name] = {"seconds": r["seconds"], "peak_rss_gib": r["peak_rss_gib"]}
+            out[name] = {"seconds": r["seconds"], **{k: r[k] for k in memory}}
         else:
             out[name] = {
                 "seconds": blocks * r["seconds"],
-                "peak_rss_gib": t["peak_rss_gib"] + blocks * max(r["peak_rss_gib"] - t["peak_rss_gib"], 0.0),
+                **{k: t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
             }
     graph = real["latency"].get("64", {}).get("bytes")
     return {

@@ -26,13 +26,14 @@ def run_command(main: Callable[[], None]) -> None:
 
 
 def run_stage(main: Callable[[], None]) -> None:
-    """run_command for a DVC stage: one that finishes also leaves its time and peak memory in
-    results/runtime/ (scripts/pipeline/measure.py)."""
+    """run_command for a DVC stage: one that finishes also leaves its time, peak RSS and peak anonymous
+    memory in results/runtime/ (scripts/pipeline/measure.py)."""
 
     def measured() -> None:
-        main()
-        from scripts.pipeline.measure import record_runtime
+        from scripts.pipeline.measure import AnonPeak, record_runtime
 
-        record_runtime()
+        sampler = AnonPeak().start()
+        main()
+        record_runtime(sampler.stop())
 
     run_command(measured)

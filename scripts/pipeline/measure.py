@@ -1,21 +1,68 @@
 """Process measurements recorded by the stages: peak resident memory and wall time.
 
 Every stage run through `errors.run_stage` also leaves results/runtime/<stage>.json: its wall time
-from process start (imports included: they are part of what a stage costs) and its peak RSS. These
-are benchmark records for results/bench.json, not DVC outputs: a stage DVC skips keeps its last
-run's record.
+from process start (imports included: they are part of what a stage costs), its peak RSS, and its
+peak anonymous memory. These are benchmark records for results/bench.json, not DVC outputs: a stage
+DVC skips keeps its last run's record.
+
+Peak RSS counts every resident page, including the pages of a file mapped read-only (a graph the
+interpreter maps, a checkpoint shard), which the kernel can drop and read again when memory runs
+short; peak anonymous memory (RssAnon, sampled) is what the machine must really provide.
 """
 
 from __future__ import annotations
 
+import re
 import resource
 import sys
+import threading
 import time
+from pathlib import Path
 
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_status(pid: str = "self") -> dict[str, int]:
+    """Resident memory from /proc/<pid>/status, in bytes: rss (VmRSS), anon (RssAnon: heap and
+    anonymous mappings, what cannot be dropped) and file (RssFile: mapped files' pages)."""
+    fields = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in fields:
+            out[fields[key]] = int(re.match(r"\s*(\d+)", rest).group(1)) * 1024
+    return out
+
+
+class AnonPeak:
+    """Peak RssAnon of this process, sampled by a daemon thread every `interval` seconds from start()
+    (a peak shorter than the interval can be missed: the figure is a lower bound, close for the
+    stages' allocations, which live for seconds)."""
+
+    def __init__(self, interval: float = 0.02):
+        self.interval, self.peak = interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="anon-peak", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, memory_status()["anon"])
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> AnonPeak:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop sampling (one last sample first) -> the peak in bytes."""
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, memory_status()["anon"])
+        return self.peak
 
 
 class Stopwatch:
@@ -42,7 +89,7 @@ def stage_name(argv: list[str] | None = None) -> str:
     return f"{module}@{'_'.join(values)}" if values else module
 
 
-def record_runtime(root: str = ".") -> dict:
+def record_runtime(anon_peak_bytes: int, root: str = ".") -> dict:
     """Write results/runtime/<stage>.json for the stage this process ran; -> the record."""
     from scripts.pipeline import atomic, layout
 
@@ -51,6 +98,7 @@ def record_runtime(root: str = ".") -> dict:
         "argv": sys.argv[1:],
         "seconds": process_seconds(),
         "peak_rss_bytes": peak_rss_bytes(),
+        "peak_anon_bytes": anon_peak_bytes,
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic.write_json(layout.runtime_path(rec["stage"], root), rec)
