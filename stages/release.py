@@ -1,4 +1,5 @@
-"""DVC stage `release`: the row graphs and pairs, host files, reference records, model card and
+"""DVC stage `release`: the row graphs and pairs, host files, reference records (computed by the verify
+stages, which hold the torch model already: this stage loads no model), model card and
 manifest -> artifacts/release/, its tarball -> artifacts/dist/<model>-<revision>-<form>.tar.gz, and the
 by-length tables `dvc plots show` draws -> results/plots/.
 
@@ -15,16 +16,12 @@ import shutil
 from pathlib import Path
 
 from scripts.checkpoint import snapshot
-from scripts.checks import model_check
 from scripts.layers import kernel_form
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, params, provenance
 from scripts.pipeline.errors import ClefError, run_stage
-from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import builder, card, reader, signing
-
-REFERENCE_SEED = 20261129
 
 
 def graph_bounds(p: dict, section: str, what: str) -> dict[str, float]:
@@ -94,6 +91,7 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
     """Everything the release will vouch for is there, verified, and of this revision and form."""
     for it in items:
         graph = layout.require(it["path"])
+        layout.require(layout.reference_path(graph))
         want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
         meta = tflite_file.read_metadata(graph)
         bad = tflite_file.metadata_mismatches(meta, want)
@@ -106,37 +104,15 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
         it["metadata"], it["census"] = meta, tflite_file.census(graph)
 
 
-def reference_record(it: dict, model, host: Host) -> dict:
-    """One fixed record per artifact: a right-padded row; a pair with a half-full prefix."""
-    vocab = model.config.vocab_size
-    if it["kind"] == "row":
-        n = it["shape"]["L"]
-        ids = model_check.random_ids(n - n // 3, vocab, REFERENCE_SEED + n)
-        return builder.row_reference(row_graph.ClefRowPrefill(model, n).eval(), host.record(ids, n))
-    P, S = it["shape"]["P"], it["shape"]["S"]
-    p = max(1, P // 2)
-    ids = model_check.random_ids(p + S, vocab, REFERENCE_SEED + P + S)
-    return builder.pair_reference(
-        row_graph.ClefRowPrefill(model, P + S).eval(),
-        host.record(ids[:p], P),
-        host.record(ids[p:], S, start=p),
-        host.record(ids, P + S),
-    )
-
-
-def artifact_entry(
-    it: dict, build: Path, model, host: Host, lock: dict, form: str, max_over_recorded: float
-) -> tuple[str, dict]:
-    """One graph into the release: placed, its reference record written and rerun in the interpreter
-    (held to the bounds its verify stage held the graph to), and its manifest entry."""
-    from safetensors.torch import save_file
-
+def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_recorded: float) -> tuple[str, dict]:
+    """One graph into the release: placed, with the reference record its verify stage computed
+    (results/references/), rerun in the interpreter and held to the bounds that stage held the graph
+    to, and its manifest entry."""
     rel_path = f"{it['kind']}s/{it['path'].name}"
     builder.place(it["path"], build / rel_path)
-    record = reference_record(it, model, host)
     check_file = f"checks/{it['path'].stem}.safetensors"
-    (build / "checks").mkdir(exist_ok=True)
-    save_file(record, str(build / check_file))
+    builder.place(layout.require(layout.reference_path(it["path"])), build / check_file)
+    record = reader.load_reference(build, check_file)
     measured = reader.run_reference(build / rel_path, it["kind"], record)
     bounds = it["bounds"]
     reference = {
@@ -243,7 +219,6 @@ def build(build_dir: Path, dist_dir: Path, p: dict, items: list[dict], rec: dict
     overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
     if not all(overall[n].get("passed", True) for n in overall):
         raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
-    model, _, _ = patch.load(snap, form, progress=False)
     host = Host(snap)
     build_dir.mkdir(parents=True)
     host_section = builder.host_files(snap, host, build_dir, builder.check_host_weights(p["release"]["host_weights"]))
@@ -251,7 +226,7 @@ def build(build_dir: Path, dist_dir: Path, p: dict, items: list[dict], rec: dict
     artifacts = {}
     for i, it in enumerate(items, 1):
         print(f"release [{i}/{len(items)}] {it['path'].name}: reference record", flush=True)
-        rel_path, entry = artifact_entry(it, build_dir, model, host, lock, form, p["release"]["max_over_recorded"])
+        rel_path, entry = artifact_entry(it, build_dir, lock, form, p["release"]["max_over_recorded"])
         artifacts[rel_path] = entry
     name = builder.release_name(rec, form)
     signed = signing.section(key)

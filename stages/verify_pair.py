@@ -16,6 +16,7 @@ from scripts.pipeline import atomic, layout, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner, litert_signature
+from scripts.release import references
 
 CONTROLS = {"zero_state": "control_zero_state_rel_vs_row", "no_pad_guard": "control_no_pad_guard_rel_vs_row"}
 
@@ -56,6 +57,8 @@ def main() -> None:
     expected = {"revision": rec["revision"], "form": form, "kind": "pair", "P": a.prefix, "S": a.suffix}
     problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
+    record = references.for_pair(model, host, a.prefix, a.suffix)
+    references.save(record, layout.reference_path(path))  # the release packages it
     shapes = pair_graph.state_shapes(model, a.prefix)
     runners = {
         "torch": PairRunner(

@@ -15,6 +15,7 @@ from scripts.pipeline import atomic, layout, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
+from scripts.release import references
 
 
 def main() -> None:
@@ -48,6 +49,7 @@ def main() -> None:
     graph = row_graph.ClefRowPrefill(model, length).eval()
     runner = tflite_check.interpreter(path).get_signature_runner()
     vocab = model.config.vocab_size
+    references.save(references.for_row(model, host, length), layout.reference_path(path))  # the release packages it
     rows = []
     for kind, (n, inputs) in tflite_check.row_records(host, length, vocab).items():
         rows.append(tflite_check.record_row(kind, n, tflite_check.run(runner, inputs), graph, inputs, form))

@@ -48,6 +48,10 @@ def test_extrapolation_scales_what_grows_with_the_weights():
     tiny["stages"]["export@64"]["peak_anon_gib"], real["stages"]["export@64"]["peak_anon_gib"] = 0.5, 2.0
     out = report.extrapolate(tiny, real)
     assert out["blocks"] == 8
-    assert out["stages"]["export@64"] == {"seconds": 8 * 30.0, "peak_rss_gib": 1.0 + 8 * 3.5, "peak_anon_gib": 0.5 + 8 * 1.5}
+    assert out["stages"]["export@64"] == {
+        "seconds": 8 * 30.0,
+        "peak_rss_gib": 1.0 + 8 * 3.5,
+        "peak_anon_gib": 0.5 + 8 * 1.5,
+    }
     assert out["stages"]["verify_kernel"] == {"seconds": 55.0, "peak_rss_gib": 0.5}  # set by widths, not layers
     assert out["row_graph_bytes_per_L"] == 8 * 3.5e9 and out["fp32_stack_bytes"] == 8 * 4e9

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from scripts.checkpoint import snapshot
-from scripts.pipeline import atomic, params
+from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.release import builder, reader
 from tests.conftest import assert_one_line_error, clef, run_stage, tool_env
@@ -174,6 +174,9 @@ def test_make_release_output(pipeline, built):
     }
     for path, art in manifest["artifacts"].items():
         assert art["dvc_lock"]["md5"] == art["md5"], f"{path}: dvc.lock and the packaged file disagree"
+        # the reference record is the one its verify stage computed with the torch model
+        computed = pipeline["repo"] / layout.reference_path(Path(path))
+        assert manifest["files"][art["reference"]["file"]]["sha256"] == snapshot.sha256_file(computed), path
         ref = art["reference"]
         assert ref["max_rel"] <= ref["threshold"] and ref["max_rel_per_position"] <= ref["threshold_per_position"]
         for sig in art["signatures"].values():
@@ -580,21 +583,36 @@ def pipeline_copy(pipeline, tmp_path) -> Path:
     return tmp_path
 
 
+def edit_params(old: str, new: str):
+    def edit(repo: Path) -> None:
+        text = (repo / "params.yaml").read_text()
+        assert old in text
+        (repo / "params.yaml").write_text(text.replace(old, new, 1))
+
+    return edit
+
+
 @pytest.mark.parametrize(
     "edit, fragments",
     [
         # after preflight: the first reference record is over a threshold no graph can meet
-        (("max_rel_vs_torch: 1.0e-4", "max_rel_vs_torch: 1.0e-12"), ["reference record", "> 1e-12"]),
+        (edit_params("max_rel_vs_torch: 1.0e-4", "max_rel_vs_torch: 1.0e-12"), ["reference record", "> 1e-12"]),
         # before any work: the signing key has gone
-        (("signing_key: /", "signing_key: /nonexistent/"), ["release.signing_key: no key file /nonexistent/"]),
+        (
+            edit_params("signing_key: /", "signing_key: /nonexistent/"),
+            ["release.signing_key: no key file /nonexistent/"],
+        ),
+        # before any work: a graph's reference record, which its verify stage writes, is missing
+        (
+            lambda repo: (repo / "results/references/pair_P64_S64.safetensors").unlink(),
+            ["no results/references/pair_P64_S64.safetensors: run the verify_pair stage first"],
+        ),
     ],
 )
 def test_a_refused_release_leaves_no_partial_and_the_previous_release(pipeline_copy, edit, fragments):
     artifacts = pipeline_copy / "artifacts"
     before = {d: tree_hashes(artifacts / d) for d in ("release", "dist")}
-    text = (pipeline_copy / "params.yaml").read_text()
-    assert edit[0] in text
-    (pipeline_copy / "params.yaml").write_text(text.replace(edit[0], edit[1], 1))
+    edit(pipeline_copy)
     assert_one_line_error(run_stage("release", pipeline_copy), *fragments)
     assert sorted(p.name for p in artifacts.iterdir()) == ["dist", "pairs", "release", "rows"]
     assert {d: tree_hashes(artifacts / d) for d in ("release", "dist")} == before

@@ -17,6 +17,7 @@ RESULTS = Path("results")
 METRICS = RESULTS / "metrics"
 PLOTS = RESULTS / "plots"
 GPU = RESULTS / "gpu"  # verify_gpu's detailed records, a directory of their own so the release can depend on it
+REFERENCES = RESULTS / "references"  # each graph's reference record, from its verify stage, for the release
 RUNTIME = RESULTS / "runtime"  # each stage's time and peak memory (scripts/pipeline/measure.py); not DVC outputs
 BENCH = RESULTS / "bench.json"
 REAL_WIDTH = Path("artifacts/real-width")  # the real-width run's own workspace (make real-width)
@@ -54,6 +55,11 @@ def metrics_path(name: str) -> Path:
 
 def runtime_path(stage: str, root: str | Path = ".") -> Path:
     return Path(root) / RUNTIME / f"{stage}.json"
+
+
+def reference_path(graph: Path) -> Path:
+    """The reference record a verify stage writes for a graph, e.g. results/references/row_L64.safetensors."""
+    return REFERENCES / f"{Path(graph).stem}.safetensors"
 
 
 def gpu_name(length: int | None = None, prefix: int | None = None, suffix: int | None = None) -> str:

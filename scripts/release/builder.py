@@ -15,8 +15,6 @@ import shutil
 import tarfile
 from pathlib import Path
 
-import torch
-
 from scripts.checkpoint.snapshot import file_digest, sha256_file
 from scripts.pipeline import atomic, params
 from scripts.release.reader import HOST_TENSORS, HOST_WEIGHTS, MANIFEST, host_tables, tensor_sha256
@@ -76,27 +74,6 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
             metadata={"format": "pt"},
         )
     return {"weights": mode, "tensors": tensors, "weights_file": HOST_WEIGHTS if mode == "include" else None}
-
-
-def row_reference(graph, record: dict) -> dict:
-    """A row graph's reference record: its inputs and torch's hidden states at the real positions."""
-    n = int(record["valid"].sum())
-    with torch.no_grad():
-        expected = graph(**record)["hidden"][:, :n]
-    return {**record, "expected": expected.contiguous()}
-
-
-def pair_reference(row, prefix_record: dict, suffix_record: dict, full_record: dict) -> dict:
-    """A pair's reference record: both signatures' token inputs, and the row graph's hidden states
-    at the suffix positions (the chaining rule the pair promises)."""
-    p, s = int(prefix_record["valid"].sum()), int(suffix_record["valid"].sum())
-    with torch.no_grad():
-        expected = row(**full_record)["hidden"][:, p : p + s]
-    return {
-        **{f"prefix.{k}": v for k, v in prefix_record.items()},
-        **{f"suffix.{k}": v for k, v in suffix_record.items()},
-        "expected": expected.contiguous(),
-    }
 
 
 def signatures(census: dict, contract: dict) -> dict:
