@@ -7,9 +7,9 @@ With params.yaml `release.signing_key` set, the release directory, manifest incl
 that key (scripts/release/signing.py) before either output is swapped in.
 
 Refuses, before building anything, a signing key that cannot sign, an artifact that is missing, whose
-metadata names another revision, form or shape, or whose verify stage did not pass; and after running
-each reference record, one whose error is over the threshold its verify stage held it to. A refusal
-leaves the previous release and tarball in place and no build directory behind.
+metadata names another revision, form or shape, whose verify stage did not pass or left no reference
+record; and after running each reference record, one whose error is over the threshold its verify
+stage held it to. A refusal leaves the previous release and tarball in place and no build directory.
 """
 
 import shutil
@@ -213,15 +213,14 @@ def plot_tables(artifacts: dict) -> None:
     atomic.write_json(layout.PLOTS / "pairs.json", pairs)
 
 
-def build(build_dir: Path, dist_dir: Path, p: dict, items: list[dict], rec: dict, snap: Path, form: str, key) -> dict:
+def build(
+    build_dir: Path, dist_dir: Path, p: dict, items: list[dict], rec: dict, snap: Path, form: str, overall: dict, key
+) -> dict:
     """The release into build_dir (signed when `key`, the loaded release.signing_key, is not None) and
     its tarball into dist_dir -> the manifest."""
-    overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
-    if not all(overall[n].get("passed", True) for n in overall):
-        raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
     host = Host(snap)
     build_dir.mkdir(parents=True)
-    host_section = builder.host_files(snap, host, build_dir, builder.check_host_weights(p["release"]["host_weights"]))
+    host_section = builder.host_files(snap, host, build_dir, p["release"]["host_weights"])
     lock = builder.lock_stages()
     artifacts = {}
     for i, it in enumerate(items, 1):
@@ -250,12 +249,15 @@ def main() -> None:
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     preflight(items, rec, form)
+    overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
+    if not all(overall[n].get("passed", True) for n in overall):
+        raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
 
     build_dir, dist_dir = atomic.partial_dir(layout.RELEASE), atomic.partial_dir(layout.DIST)
     for d in (build_dir, dist_dir):
         shutil.rmtree(d, ignore_errors=True)
     try:
-        manifest = build(build_dir, dist_dir, p, items, rec, snap, form, key)
+        manifest = build(build_dir, dist_dir, p, items, rec, snap, form, overall, key)
         # the release and its tarball are replaced together, or neither is
         atomic.swap_in_dirs([(build_dir, layout.RELEASE), (dist_dir, layout.DIST)])
     finally:  # nothing half-built stays behind, whatever stopped the build

@@ -154,8 +154,8 @@ def check_signature(root: Path, key: str | None, require: bool) -> list[str] | N
         return None
     progress(f"verify {root}: signature, hashing every file")
     problems = signing.verify(root, key)
-    if not problems:
-        fingerprint = signing.claimed_key(root)
+    if not problems:  # named by the key that verified it (the library ignores the key the bundle names)
+        fingerprint = signing.fingerprint(signing.load_public_key(key))
         print(f"ok   signature: {signing.SIGNATURE} verifies with key {fingerprint}: every file is what was signed")
     return problems
 
