@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import mmap
 import time
+from pathlib import Path
 
 from scripts.pipeline import measure
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MB = 2**20
 
@@ -34,3 +37,15 @@ def test_a_mapped_file_is_resident_but_not_anonymous(tmp_path):
     assert total == 0
     assert during["file"] - before["file"] >= 180 * MB, (before, during)
     assert during["anon"] - before["anon"] < 50 * MB, (before, during)
+
+
+def test_peak_rss_is_the_process_own_not_its_parent(tmp_path):
+    """A stage started by a process holding 400 MB reports its own peak (ru_maxrss would report the
+    parent's: Linux keeps it across exec)."""
+    import subprocess
+    import sys
+
+    held = bytearray(400 * MB)  # noqa: F841  (resident in this, the parent, process)
+    code = "from scripts.pipeline import measure; print(measure.peak_rss_bytes())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert int(out.stdout) < 300 * MB, int(out.stdout)

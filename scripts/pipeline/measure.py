@@ -13,7 +13,6 @@ short; peak anonymous memory (RssAnon, sampled) is what the machine must really 
 from __future__ import annotations
 
 import re
-import resource
 import sys
 import threading
 import time
@@ -21,14 +20,17 @@ from pathlib import Path
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Peak resident set size of this process so far: VmHWM, the high-water mark of its own memory.
+    Not ru_maxrss, which Linux carries across exec from the process that started it: a stage run by
+    a large parent (a test session holding models) would report the parent's peak as its own."""
+    return memory_status()["peak"]
 
 
 def memory_status(pid: str = "self") -> dict[str, int]:
-    """Resident memory from /proc/<pid>/status, in bytes: rss (VmRSS), anon (RssAnon: heap and
-    anonymous mappings, what cannot be dropped) and file (RssFile: mapped files' pages)."""
-    fields = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+    """Resident memory from /proc/<pid>/status, in bytes: rss (VmRSS), peak (VmHWM, its high-water
+    mark), anon (RssAnon: heap and anonymous mappings, what cannot be dropped) and file (RssFile:
+    mapped files' pages)."""
+    fields = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, rest = line.partition(":")
