@@ -49,3 +49,52 @@ def test_peak_rss_is_the_process_own_not_its_parent(tmp_path):
     code = "from scripts.pipeline import measure; print(measure.peak_rss_bytes())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert int(out.stdout) < 300 * MB, int(out.stdout)
+
+
+def set_memory(workdir: Path, **values) -> None:
+    import yaml
+
+    path = workdir / "params.yaml"
+    p = yaml.safe_load(path.read_text())
+    p["memory"].update(values)
+    path.write_text(yaml.safe_dump(p, sort_keys=False))
+
+
+def test_the_budget_counts_the_stack(tmp_path):
+    import json
+    import shutil
+
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    set_memory(tmp_path, factor=1.5, overhead_gib=0.5)
+    before = measure.memory_budget(2**30, tmp_path)
+    assert before["fp32_stack_bytes"] is None and before["limit_bytes"] == 2**29 and not before["within"]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results/stack.json").write_text(json.dumps({"fp32_bytes": 2**30}))
+    after = measure.memory_budget(2**30, tmp_path)
+    assert after["limit_bytes"] == 2**31 and after["within"]
+
+
+def test_a_stage_over_its_memory_budget_fails_and_records_it(workdir):
+    """The budget is a stage failure: the tiny `stack` stage (a few hundred MiB of anonymous memory)
+    held to 50 MiB fails with one line naming it, after recording what it used; at the committed
+    budget the same stage passes."""
+    import json
+
+    from tests.conftest import run_stage
+
+    set_memory(workdir, overhead_gib=0.05)
+    proc = run_stage("stack", workdir)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]  # after the load's progress bar
+    assert len(errors) == 1 and proc.stderr.splitlines()[-1] == errors[0], proc.stderr[-2000:]
+    assert "stack: peak anonymous memory" in errors[0] and "over its budget" in errors[0], errors[0]
+    assert "params.yaml memory: 1.3 x the fp32 stack" in errors[0], errors[0]
+    rec = json.loads((workdir / "results/runtime/stack.json").read_text())
+    assert rec["memory_budget"]["within"] is False
+    assert rec["peak_anon_bytes"] > rec["memory_budget"]["limit_bytes"]
+
+    set_memory(workdir, overhead_gib=2.0)
+    proc = run_stage("stack", workdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads((workdir / "results/runtime/stack.json").read_text())
+    assert rec["memory_budget"]["within"] is True and rec["memory_budget"]["fp32_stack_bytes"] > 0

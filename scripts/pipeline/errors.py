@@ -25,15 +25,18 @@ def run_command(main: Callable[[], None]) -> None:
         sys.exit(EXIT_BAD_INPUT)
 
 
-def run_stage(main: Callable[[], None]) -> None:
+def run_stage(main: Callable[[], None], budget: bool = True) -> None:
     """run_command for a DVC stage: one that finishes also leaves its time, peak RSS and peak anonymous
-    memory in results/runtime/ (scripts/pipeline/measure.py)."""
+    memory in results/runtime/ (scripts/pipeline/measure.py), and fails when that memory is over the
+    budget (params.yaml `memory`). `budget=False`: a benchmark script, recorded only."""
 
     def measured() -> None:
-        from scripts.pipeline.measure import AnonPeak, record_runtime
+        from scripts.pipeline.measure import AnonPeak, over_budget, record_runtime
 
         sampler = AnonPeak().start()
         main()
-        record_runtime(sampler.stop())
+        problem = over_budget(record_runtime(sampler.stop(), budget=budget)) if budget else None
+        if problem:
+            raise ClefError(problem)
 
     run_command(measured)

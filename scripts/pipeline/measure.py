@@ -8,10 +8,15 @@ DVC skips keeps its last run's record.
 Peak RSS counts every resident page, including the pages of a file mapped read-only (a graph the
 interpreter maps, a checkpoint shard), which the kernel can drop and read again when memory runs
 short; peak anonymous memory (RssAnon, sampled) is what the machine must really provide.
+
+The memory budget (params.yaml `memory`): a stage's peak anonymous memory must stay within
+factor x the fp32 stack's bytes (results/stack.json, written by the `stack` stage; 0 before it
+exists) + overhead_gib, or the stage fails after recording what it used.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import threading
@@ -91,8 +96,33 @@ def stage_name(argv: list[str] | None = None) -> str:
     return f"{module}@{'_'.join(values)}" if values else module
 
 
-def record_runtime(anon_peak_bytes: int, root: str = ".") -> dict:
-    """Write results/runtime/<stage>.json for the stage this process ran; -> the record."""
+def memory_budget(anon_peak_bytes: int, root: str = ".") -> dict:
+    """The stage's peak anonymous memory against params.yaml `memory` and the stack's fp32 bytes."""
+    from scripts.pipeline import layout, params
+
+    budget = params.load(["memory"], Path(root) / "params.yaml")["memory"]
+    stack = Path(root) / layout.result_path("stack")
+    fp32 = json.loads(stack.read_text())["fp32_bytes"] if stack.is_file() else None
+    limit = int(float(budget["factor"]) * (fp32 or 0) + float(budget["overhead_gib"]) * 2**30)
+    return {**budget, "fp32_stack_bytes": fp32, "limit_bytes": limit, "within": anon_peak_bytes <= limit}
+
+
+def over_budget(rec: dict) -> str | None:
+    """One line when a runtime record's peak anonymous memory is over its budget, else None."""
+    b = rec["memory_budget"]
+    if b["within"]:
+        return None
+    stack = f"{b['fp32_stack_bytes'] / 2**30:.2f} GiB" if b["fp32_stack_bytes"] is not None else "none yet"
+    return (
+        f"{rec['stage']}: peak anonymous memory {rec['peak_anon_bytes'] / 2**30:.2f} GiB is over its budget "
+        f"{b['limit_bytes'] / 2**30:.2f} GiB (params.yaml memory: {b['factor']} x the fp32 stack ({stack}) + "
+        f"{b['overhead_gib']} GiB)"
+    )
+
+
+def record_runtime(anon_peak_bytes: int, root: str = ".", budget: bool = True) -> dict:
+    """Write results/runtime/<stage>.json for the stage this process ran (with its memory budget
+    when `budget`); -> the record."""
     from scripts.pipeline import atomic, layout
 
     rec = {
@@ -103,5 +133,7 @@ def record_runtime(anon_peak_bytes: int, root: str = ".") -> dict:
         "peak_anon_bytes": anon_peak_bytes,
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if budget:
+        rec["memory_budget"] = memory_budget(anon_peak_bytes, root)
     atomic.write_json(layout.runtime_path(rec["stage"], root), rec)
     return rec

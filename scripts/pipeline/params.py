@@ -192,6 +192,7 @@ THRESHOLD = positive_number
 SCHEMA = {
     "model": check_model_section,
     "stack": mapping({"rss_factor": positive_number, "rss_overhead_gib": non_negative_number}),
+    "memory": mapping({"factor": positive_number, "overhead_gib": non_negative_number}),
     "form": exportable_form,
     "controls": mapping({"min_over_threshold": positive_number}),
     "verify_kernel": mapping(
