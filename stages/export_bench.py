@@ -1,8 +1,13 @@
 """DVC stage `export_bench`: what the form buys in the exported graph, as figures ->
 results/export_bench.json. Converts the L=64 row graph under the form and sets it against the stock
 `loop` kernel's conversion (results/export_stock.json): conversion time, per-layer op counts and
-interpreter latency; then the LiteRT vs torch latency of every exported L (artifacts/rows/, medians
-of interleaved rounds). A benchmark, never a test: these machines are noisy."""
+interpreter latency; then the LiteRT vs torch latency of every exported L (artifacts/rows/, medians;
+torch for every graph first, then the stack is freed and each interpreter loads in turn). A
+benchmark, never a test: these machines are noisy."""
+
+import gc
+import tempfile
+from pathlib import Path
 
 from scripts.bench import conversion_bench
 from scripts.checkpoint import snapshot
@@ -23,21 +28,29 @@ def main() -> None:
     snap = snapshot.verify(rec)
     stock = layout.read_record(layout.result_path("export_stock"), "export_stock")
     host = Host(snap)
-    ours = conversion_bench.convert_timed(snap, form, host)
+    repeats = p["export_bench"]["latency_repeats"]
     model, _, _ = patch.load(snap, form, progress=False)
+    records = {n: host.record(model_check.random_ids(n, model.config.vocab_size, n), n) for n in lengths}
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "bench.tflite"
+        ours = conversion_bench.convert_timed(model, form, host, scratch)
+        torch_s = {
+            n: tflite_check.torch_seconds(row_graph.ClefRowPrefill(model, n).eval(), records[n], repeats)
+            for n in lengths
+        }
+        del model
+        gc.collect()  # torch first, then the interpreters, one at a time: the weights are never in memory twice
+        ours = conversion_bench.litert_timed(ours, scratch, host)
     per_l = {}
     for n in lengths:
         path = layout.row_path(n)
         census = tflite_file.census(layout.require(path, f"export@{n}"))
         runner = tflite_check.interpreter(path).get_signature_runner()
-        timing = tflite_check.latency(
-            runner,
-            row_graph.ClefRowPrefill(model, n).eval(),
-            host.record(model_check.random_ids(n, model.config.vocab_size, n), n),
-            repeats=p["export_bench"]["latency_repeats"],
-        )
+        litert_s = tflite_check.litert_seconds(runner, records[n], repeats)
+        del runner
+        gc.collect()
         per_l[str(n)] = {
-            **timing,
+            **tflite_check.latency(litert_s, torch_s[n], repeats),
             "ops_per_gdn_layer_max": max(census["ops_per_gdn_layer"].values()),
             "op_total": census["op_total"],
         }

@@ -5,6 +5,7 @@ graph, on a refused op (with the signature that holds it), a partial acceleratio
 output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
 
 import argparse
+import gc
 
 from scripts.checkpoint import snapshot
 from scripts.checks import gpu_check, model_check, tflite_check
@@ -40,36 +41,49 @@ def main() -> None:
     found = tflite_file.violations(census)
     if found:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
-    compiled = gpu_check.compile_modes(path, census)
+    for enforce in gpu_check.MODES.values():  # a refused op or no adapter: one line before any torch work
+        gpu_accelerator.compile(path, enforce, census).close()
 
+    # torch first: every reference (the graph in torch, stock float64 and float16, one layer at a time);
+    # then the stack is freed and each mode is compiled in turn, so the weights are never in memory twice
     model, _, _ = patch.load(snap, form, progress=False)
     host = Host(snap)
-    refs = gpu_check.StockReferences(model)
+    stock = gpu_check.StockReferences(model)
     vocab = model.config.vocab_size
     if is_row:
         records = tflite_check.row_records(host, a.length, vocab)
-        rows = gpu_check.row_rows(compiled, model, host, refs, records)
+        refs = gpu_check.row_references(model, host, stock, records)
     else:
         P, S = a.prefix, a.suffix
-        prefix = pair_graph.PairPrefix(model, P).eval()
-        suffix = pair_graph.PairSuffix(model, P, S).eval()
-        rows = gpu_check.signature_rows(
-            compiled, prefix, suffix, host, P, S, model_check.random_ids(P + S, vocab, P + S)
-        )
-        rows += gpu_check.chaining_rows(
-            compiled,
-            model,
+        shapes = pair_graph.state_shapes(model, P)
+        signature_refs = gpu_check.signature_references(
+            pair_graph.PairPrefix(model, P).eval(),
+            pair_graph.PairSuffix(model, P, S).eval(),
             host,
-            refs,
             P,
             S,
-            form,
-            pair_graph.state_shapes(model, P),
-            lambda n: model_check.random_ids(n, vocab, 1000 * P + S + n),
+            model_check.random_ids(P + S, vocab, P + S),
         )
+        chaining_refs = gpu_check.chaining_references(
+            model, host, stock, P, S, lambda n: model_check.random_ids(n, vocab, 1000 * P + S + n)
+        )
+    del model, stock
+    gc.collect()
+
+    rows, accelerated, device = [], {}, None
+    for mode, enforce in gpu_check.MODES.items():
+        compiled = gpu_accelerator.compile(path, enforce, census)
+        one = {mode: compiled}
+        if is_row:
+            rows += gpu_check.row_rows(one, refs, records)
+        else:
+            rows += gpu_check.signature_rows(one, signature_refs)
+            rows += gpu_check.chaining_rows(one, host, chaining_refs, P, S, form, shapes)
+        accelerated[mode] = compiled.fully_accelerated
+        device = device or gpu_accelerator.device(compiled)
+        compiled.close()
     figures, problems = gpu_check.summary(rows, bounds)
-    device = gpu_accelerator.device(compiled["fp32"])
-    accelerated = all(c.fully_accelerated for c in compiled.values())
+    accelerated = all(accelerated.values())
     if not accelerated:
         problems.insert(0, "is_fully_accelerated() is false")
     doc = {

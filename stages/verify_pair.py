@@ -5,6 +5,7 @@ bound (global or per position), on a census violation, or when a control (the re
 the pad guard removed: scripts/checks/controls.py) does not break the bound by controls.min_over_threshold."""
 
 import argparse
+import gc
 
 import torch
 
@@ -57,22 +58,28 @@ def main() -> None:
     expected = {"revision": rec["revision"], "form": form, "kind": "pair", "P": a.prefix, "S": a.suffix}
     problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
-    record = references.for_pair(model, host, a.prefix, a.suffix)
-    references.save(record, layout.reference_path(path))  # the release packages it
+    # torch first: its checks fill `refs` (the row graph's and transformers' results, kept); then the
+    # stack is freed and the interpreter's checks read them, so the weights are never in memory twice
+    references.save(references.for_pair(model, host, a.prefix, a.suffix), layout.reference_path(path))
     shapes = pair_graph.state_shapes(model, a.prefix)
-    runners = {
-        "torch": PairRunner(
-            host,
-            torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),
-            torch_fn(pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()),
-            a.prefix,
-            a.suffix,
-            form,
-            shapes,
-        )
-    }
+    vocab = model.config.vocab_size
+    refs = pair_check.References(model, host, a.prefix, a.suffix)
+    runner = PairRunner(
+        host,
+        torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),
+        torch_fn(pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()),
+        a.prefix,
+        a.suffix,
+        form,
+        shapes,
+    )
+    rows = [{"backend": "torch", **r} for r in pair_check.check(runner, refs, vocab, pad_guard_control=True)]
+    del runner, model
+    refs.free()
+    gc.collect()
+
     interp = tflite_check.interpreter(path)
-    runners["litert"] = PairRunner(
+    runner = PairRunner(
         host,
         litert_signature(interp.get_signature_runner("prefix")),
         litert_signature(interp.get_signature_runner("suffix")),
@@ -81,17 +88,12 @@ def main() -> None:
         form,
         shapes,
     )
-    rows = []
-    stock = pair_check.StockCaches(model)
-    for backend, runner in runners.items():
-        for r in pair_check.check(
-            runner, model, model.config.vocab_size, pad_guard_control=backend == "torch", stock=stock
-        ):
-            rows.append({"backend": backend, **r})
+    rows += [{"backend": "litert", **r} for r in pair_check.check(runner, refs, vocab)]
+    backends = ("torch", "litert")
     problems += compare.judge(rows, limits)
     found = {}
     for control, key in CONTROLS.items():
-        for b in runners:
+        for b in backends:
             value = compare.worst([r for r in rows if r["backend"] == b], key)
             if value is not None:  # the pad guard control runs in torch only
                 found[f"{b} {control}"] = value
@@ -100,7 +102,7 @@ def main() -> None:
     def per_backend(key, check=None):
         return {
             b: compare.worst([r for r in rows if r["backend"] == b and check in (None, r["check"])], key)
-            for b in runners
+            for b in backends
         }
 
     summary = {

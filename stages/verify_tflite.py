@@ -6,6 +6,7 @@ when the memory-cut control (the torch graph with the fault, against the file) d
 global bound by controls.min_over_threshold."""
 
 import argparse
+import gc
 
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check, tflite_check
@@ -44,24 +45,30 @@ def main() -> None:
     }
     problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
+    # torch first: the references, the controls' outputs and torch's latency; then the stack is freed
+    # and the interpreter loads, so the weights are never in memory twice (params.yaml `memory`)
     model, _, _ = patch.load(snap, form)
     host = Host(snap)
-    graph = row_graph.ClefRowPrefill(model, length).eval()
-    runner = tflite_check.interpreter(path).get_signature_runner()
     vocab = model.config.vocab_size
+    graph = row_graph.ClefRowPrefill(model, length).eval()
     references.save(references.for_row(model, host, length), layout.reference_path(path))  # the release packages it
-    rows = []
-    for kind, (n, inputs) in tflite_check.row_records(host, length, vocab).items():
-        rows.append(tflite_check.record_row(kind, n, tflite_check.run(runner, inputs), graph, inputs, form))
+    records = tflite_check.row_records(host, length, vocab)
+    expected = {kind: tflite_check.torch_reference(graph, inputs, n, form) for kind, (n, inputs) in records.items()}
+    timed = host.record(model_check.random_ids(length, vocab, length), length)
+    repeats = int(p["verify_tflite"]["latency_repeats"])
+    torch_s = tflite_check.torch_seconds(graph, timed, repeats)
+    del graph, model
+    gc.collect()
+
+    runner = tflite_check.interpreter(path).get_signature_runner()
+    rows = [
+        tflite_check.record_row(kind, n, tflite_check.run(runner, inputs), expected[kind])
+        for kind, (n, inputs) in records.items()
+    ]
     problems += [f"accuracy: {line}" for line in compare.judge(rows, limits)]
     control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
     problems += compare.control_problems("memory_cut", control, limit, min_over)
-    timing = tflite_check.latency(
-        runner,
-        graph,
-        host.record(model_check.random_ids(length, vocab, length), length),
-        int(p["verify_tflite"]["latency_repeats"]),
-    )
+    timing = tflite_check.latency(tflite_check.litert_seconds(runner, timed, repeats), torch_s, repeats)
     doc = {
         "L": length,
         "form": form,

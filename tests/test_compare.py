@@ -136,7 +136,8 @@ def test_verify_tflite_fails_on_nan(patched):
     inputs = host.record(list(range(10, 74)), 64)
     lite = ClefRowPrefill(model, 64)(**inputs)["hidden"].detach().clone()
     lite[0, 5, 0] = float("nan")  # what the interpreter returned
-    row = tflite_check.record_row("full", 64, lite, ClefRowPrefill(model, 64).eval(), inputs, FORM)
+    reference = tflite_check.torch_reference(ClefRowPrefill(model, 64).eval(), inputs, 64, FORM)
+    row = tflite_check.record_row("full", 64, lite, reference)
     judged([row], ["rel_vs_torch", "rel_per_position_vs_torch"])
 
 
@@ -164,7 +165,7 @@ def test_verify_pair_fails_on_nan(patched):
         FORM,
         pair_graph.state_shapes(model, P),
     )
-    rows = pair_check.chaining(runner, ClefRowPrefill(model, P + S).eval(), model.config.vocab_size, seed=1)
+    rows = pair_check.chaining(runner, pair_check.References(model, host, P, S), model.config.vocab_size, seed=1)
     lines = judged([r for r in rows if r["check"] == "chaining"], ["rel_vs_row", "rel_per_position_vs_row"])
     assert any("check=chaining, p=64, s=16: rel_vs_row is inf" in ln for ln in lines), lines
 
@@ -183,10 +184,8 @@ def test_verify_gpu_fails_on_nan(patched):
     model, host = patched
     graph = ClefRowPrefill(model, 64).eval()
     records = {"full": (64, host.record(list(range(10, 74)), 64))}
-    refs = gpu_check.StockReferences(model)
-    rows = gpu_check.row_rows(
-        {"fp32": PoisonedCompiled(graph), "fp16": PoisonedCompiled(graph)}, model, host, refs, records
-    )
+    refs = gpu_check.row_references(model, host, gpu_check.StockReferences(model), records)
+    rows = gpu_check.row_rows({"fp32": PoisonedCompiled(graph), "fp16": PoisonedCompiled(graph)}, refs, records)
     _, problems = gpu_check.summary(
         rows, {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}
     )

@@ -198,8 +198,7 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
     assert tflite_file.violations(census) == []
     compiled = gpu_check.compile_modes(path, census)
     assert all(c.fully_accelerated for c in compiled.values())
-    rows = gpu_check.signature_rows(
-        {"fp32": compiled["fp32"]},
+    refs = gpu_check.signature_references(
         pair_graph.PairPrefix(model, 16).eval(),
         pair_graph.PairSuffix(model, 16, 8).eval(),
         host,
@@ -207,6 +206,7 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
         8,
         list(range(3, 27)),
     )
+    rows = gpu_check.signature_rows({"fp32": compiled["fp32"]}, refs)
     assert {r["signature"] for r in rows} == {"prefix", "suffix"}
     assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
     assert pair_graph.SLOTS in rows[0]["per_output"]  # every output is compared, the slots too

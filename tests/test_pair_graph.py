@@ -10,7 +10,6 @@ from scripts.checks import compare, pair_check
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner, PairState
-from scripts.qwen35.row_graph import ClefRowPrefill
 
 FORM = "R64+sp+ec+dd+vs6"
 PRE, SUF = 64, 16
@@ -48,9 +47,8 @@ def make_runner(model, host, form):
 def test_chaining_matches_the_row_including_padded_prefixes(setup):
     """Suffix and prefix hidden against the row, global and per position; the controls break the bound."""
     model, _, runner = setup
-    rows = pair_check.chaining(
-        runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=3, pad_guard_control=True
-    )
+    refs = pair_check.References(model, runner.host, PRE, SUF)
+    rows = pair_check.chaining(runner, refs, model.config.vocab_size, seed=3, pad_guard_control=True)
     chained = [r for r in rows if r["check"] == "chaining"]
     assert {(r["p"], r["s"]) for r in chained} == {(1, 1), (1, SUF), (32, 1), (32, SUF), (64, 1), (64, SUF)}
     assert {r["p"] for r in rows if r["check"] == "prefix_hidden"} == {1, 32, 64}
@@ -76,13 +74,31 @@ def test_padded_prefix_conv_state_comes_from_the_last_real_tokens(setup):
 
 def test_one_state_many_suffixes(setup):
     model, _, runner = setup
-    rows = pair_check.reuse(runner, ClefRowPrefill(model, PRE + SUF).eval(), model.config.vocab_size, seed=9)
+    rows = pair_check.reuse(
+        runner, pair_check.References(model, runner.host, PRE, SUF), model.config.vocab_size, seed=9
+    )
     assert len(rows) == 3 and max(r["rel_vs_row"] for r in rows) < 1e-5
+
+
+def test_references_are_kept_for_the_interpreter_after_the_stack_is_freed(setup):
+    """What the torch checks computed is read back after free() (the stack gone); a sequence they did
+    not compute is an error, not a silent recomputation with no stack."""
+    model, _, runner = setup
+    refs = pair_check.References(model, runner.host, PRE, SUF)
+    first = pair_check.check(runner, refs, model.config.vocab_size, seed=2)
+    refs.free()
+    assert refs.model is None and refs.twin is None and refs.graph is None
+    again = pair_check.check(runner, refs, model.config.vocab_size, seed=2)
+    assert again == first
+    with pytest.raises(RuntimeError, match="the torch checks did not compute it"):
+        pair_check.check(runner, refs, model.config.vocab_size, seed=3)
 
 
 def test_state_matches_transformers_cache_in_float64(setup):
     model, _, runner = setup
-    rows = pair_check.state_vs_transformers(runner, model, model.config.vocab_size, seed=1)
+    rows = pair_check.state_vs_transformers(
+        runner, pair_check.References(model, runner.host, PRE, SUF), model.config.vocab_size, seed=1
+    )
     assert {r["entry"] for r in rows} == set(pair_graph.state_names(model))
     assert max(r["rel_state_vs_stock_f64"] for r in rows) < 1e-4, rows  # verify_pair's bound
     assert all("rel_per_position_state_vs_stock_f64" in r for r in rows if r["entry"].endswith(("_k", "_v", "_conv")))

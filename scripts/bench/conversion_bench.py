@@ -1,34 +1,38 @@
-"""One timed conversion of the L=64 row graph under a kernel form: conversion time, op counts and
-interpreter latency. The export_stock and export_bench stages each run it once, so the stock `loop`
-kernel's slow conversion (results/export_stock.json's convert_seconds) is redone only when the checkpoint
-changes, not the form."""
+"""One timed conversion of the L=64 row graph under a kernel form: conversion time, op counts, and the
+latency of torch and of the interpreter on the same record. The export_stock and export_bench stages
+each run it once, so the stock `loop` kernel's slow conversion (results/export_stock.json's
+convert_seconds) is redone only when the checkpoint changes, not the form.
+
+Two steps, so that the caller frees the stack in between (the weights are never in memory twice):
+`convert_timed` with the model, then `litert_timed` with the file alone."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from scripts.checks import model_check, tflite_check
 from scripts.litert import export, tflite_file
 from scripts.pipeline.measure import Stopwatch
-from scripts.qwen35 import patch, row_graph
+from scripts.qwen35 import row_graph
 from scripts.qwen35.host import Host
 
 BENCH_L = 64
+REPEATS = 5
 
 
-def convert_timed(snap: Path, form: str, host: Host, repeats: int = 5) -> dict:
-    model, _, _ = patch.load(snap, form, progress=False)
+def bench_record(host: Host, vocab: int) -> dict:
+    return host.record(model_check.random_ids(BENCH_L, vocab, BENCH_L), BENCH_L)
+
+
+def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEATS) -> dict:
+    """`model` (patched, `form` applied) as the L=64 row graph converted to `path`, timed; its op counts
+    and torch's median latency on the bench record."""
     graph = row_graph.ClefRowPrefill(model, BENCH_L)
-    inputs = host.record(model_check.random_ids(BENCH_L, model.config.vocab_size, BENCH_L), BENCH_L)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench.tflite"
-        clock = Stopwatch()
-        export.convert(graph, inputs, path)
-        seconds = clock.seconds()
-        census = tflite_file.census(path)
-        runner = tflite_check.interpreter(path).get_signature_runner()
-        timing = tflite_check.latency(runner, graph, inputs, repeats=repeats)
+    inputs = bench_record(host, model.config.vocab_size)
+    clock = Stopwatch()
+    export.convert(graph, inputs, path)
+    seconds = clock.seconds()
+    census = tflite_file.census(path)
     per_layer = list(census["ops_per_gdn_layer"].values())
     return {
         "form": form,
@@ -38,6 +42,14 @@ def convert_timed(snap: Path, form: str, host: Host, repeats: int = 5) -> dict:
         "ops_per_gdn_layer_max": max(per_layer),
         "ops_per_gdn_layer_min": min(per_layer),
         "violations": tflite_file.violations(census),
-        "litert_median_s": timing["litert_median_s"],
-        "torch_median_s": timing["torch_median_s"],
+        "torch_median_s": tflite_check.torch_seconds(graph, inputs, repeats),
+        "vocab": model.config.vocab_size,
     }
+
+
+def litert_timed(doc: dict, path: Path, host: Host, repeats: int = REPEATS) -> dict:
+    """`doc` from convert_timed with the interpreter's median latency on the same record added."""
+    runner = tflite_check.interpreter(path).get_signature_runner()
+    doc = {**doc, "litert_median_s": tflite_check.litert_seconds(runner, bench_record(host, doc["vocab"]), repeats)}
+    del doc["vocab"]
+    return doc

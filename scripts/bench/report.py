@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from scripts.checks import model_check, tflite_check
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout
 from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.measure import median_seconds
 
 PEAK_N = 4096  # 137 GFLOP per product: ~1 s here, long enough to time, the size of clef-flash's hidden
 REPEATS = 5
@@ -36,19 +36,9 @@ CLEF_FLASH_LAYERS = 32  # (3 GatedDeltaNet + 1 attention) x 8; the real-width ru
 CLEF_FLASH_SNAPSHOT_BYTES = 19.3e9  # bf16 on disk, vision and MTP included (DESIGN.md)
 
 
-def median_seconds(fn, repeats: int = REPEATS) -> float:
-    fn()  # warm-up: first-call allocation and weight packing are not the steady state
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def matmul_peak(n: int = PEAK_N) -> dict:
     a, b = torch.randn(n, n), torch.randn(n, n)
-    seconds = median_seconds(lambda: torch.mm(a, b))
+    seconds = median_seconds(lambda: torch.mm(a, b), REPEATS)
     return {"n": n, "median_s": seconds, "gflops": 2 * n**3 / seconds / 1e9, "threads": torch.get_num_threads()}
 
 
@@ -64,7 +54,7 @@ def graph_rate(ws: Path, length: int) -> dict:
     vocab = snapshot.text_config(snap)["vocab_size"]
     inputs = host.record(model_check.random_ids(length, vocab, length), length)
     runner = tflite_check.interpreter(path).get_signature_runner()
-    seconds = median_seconds(lambda: tflite_check.run(runner, inputs))
+    seconds = median_seconds(lambda: tflite_check.run(runner, inputs), REPEATS)
     flops = tflite_file.matmul_flops(path)
     total = sum(flops.values())
     return {

@@ -14,11 +14,9 @@ Errors: scripts/checks/compare.py, global and per position; fp32 holds both to t
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from scripts.checks import compare, model_check
+from scripts.checks import compare, layerwise, model_check
 from scripts.litert import gpu_accelerator
 from scripts.pipeline import params
 from scripts.qwen35 import pair_graph, patch
@@ -32,15 +30,17 @@ class StockReferences:
     """Stock transformers (the same weights) in float64, the truth, and in torch float16, the floor."""
 
     def __init__(self, model):
-        twin = patch.stock_twin(model)
-        self.exact = model_check.in_float64(twin)
-        self.half = copy.deepcopy(twin).to(torch.float16)
+        self.twin = patch.stock_twin(model)
 
     def hidden(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[1, n, H] real-token embeddings -> (float64 hidden [n, H], float16 hidden [n, H])."""
+        """[1, n, H] real-token embeddings -> (float64 hidden [n, H], float16 hidden [n, H]), each one
+        converted layer at a time (scripts/checks/layerwise.py)."""
+        twin = self.twin
         with torch.no_grad():
-            exact = self.exact(inputs_embeds=embeds.double(), use_cache=False).last_hidden_state[0]
-            half = self.half(inputs_embeds=embeds.half(), use_cache=False).last_hidden_state[0]
+            with model_check.exact_by_layer(twin):
+                exact = twin(inputs_embeds=embeds.double(), use_cache=False).last_hidden_state[0]
+            with layerwise.cast_by_layer(twin, twin.layers, torch.float16):
+                half = twin(inputs_embeds=embeds.half(), use_cache=False).last_hidden_state[0]
         return exact, half
 
 
@@ -67,16 +67,30 @@ def compile_modes(path, census: dict | None = None) -> dict:
     return {mode: gpu_accelerator.compile(path, enforce, census) for mode, enforce in MODES.items()}
 
 
-def row_rows(compiled: dict, model, host: Host, refs: StockReferences, records: dict) -> list[dict]:
-    """records: {kind: (n, inputs)}. One row per record and mode."""
+# Each check in two halves: its torch references first (while the stack is loaded), then its rows from
+# the compiled graph (after the stack is freed), so the weights are never in memory twice.
+
+
+def row_references(model, host: Host, stock: StockReferences, records: dict) -> dict:
+    """records: {kind: (n, inputs)} -> {kind: the torch row graph's hidden, stock float64 and float16
+    hidden, each [n, H]}."""
     length = next(iter(records.values()))[1]["valid"].shape[-1]
     graph = ClefRowPrefill(model, length).eval()
-    rows = []
+    out = {}
     for kind, (n, inputs) in records.items():
         with torch.no_grad():
             ref = graph(**inputs)["hidden"][0, :n]
-        exact, half = refs.hidden(inputs["embeds"][:, :n])
-        for mode, c in compiled.items():
+        exact, half = stock.hidden(inputs["embeds"][:, :n])
+        out[kind] = {"torch": ref, "exact": exact, "half": half}
+    return out
+
+
+def row_rows(compiled: dict, references: dict, records: dict) -> list[dict]:
+    """One row per record and mode (`references` from row_references)."""
+    rows = []
+    for mode, c in compiled.items():
+        for kind, (n, inputs) in records.items():
+            ref = references[kind]
             outs = c.signature()(**inputs)
             out = outs["hidden"][0, :n]
             row = {
@@ -84,16 +98,17 @@ def row_rows(compiled: dict, model, host: Host, refs: StockReferences, records: 
                 "record": kind,
                 "n_real": n,
                 "finite": finite(outs),
-                **compare.figures("vs_torch", out, ref),
+                **compare.figures("vs_torch", out, ref["torch"]),
             }
             if mode == "fp16":
-                row.update(fp16_figures(out, exact, half))
+                row.update(fp16_figures(out, ref["exact"], ref["half"]))
             rows.append(row)
     return rows
 
 
-def signature_rows(compiled: dict, prefix_module, suffix_module, host: Host, P: int, S: int, ids) -> list[dict]:
-    """Each signature alone: every output of prefix and suffix (fed the torch prefix's state) vs torch."""
+def signature_references(prefix_module, suffix_module, host: Host, P: int, S: int, ids) -> dict:
+    """Each signature's inputs and torch outputs: the prefix on ids[:p], the suffix fed the torch
+    prefix's state."""
     p = len(ids) // 2 or 1
     prefix_in = host.record(ids[:p], P)
     with torch.no_grad():
@@ -102,9 +117,15 @@ def signature_rows(compiled: dict, prefix_module, suffix_module, host: Host, P: 
     suffix_in = {**host.record(ids[p : p + S], S, start=p), **state}
     with torch.no_grad():
         ref_suffix = dict(suffix_module(**suffix_in))
+    return {"p": p, "prefix": (prefix_in, ref_prefix), "suffix": (suffix_in, ref_suffix)}
+
+
+def signature_rows(compiled: dict, references: dict) -> list[dict]:
+    """Each signature alone: every output of prefix and suffix vs torch (signature_references)."""
     rows = []
     for mode, c in compiled.items():
-        for name, inputs, ref in (("prefix", prefix_in, ref_prefix), ("suffix", suffix_in, ref_suffix)):
+        for name in ("prefix", "suffix"):
+            inputs, ref = references[name]
             outs = c.signature(name)(**inputs)
             per_output = {k: compare.figures("vs_torch", outs[k], ref[k], pair_graph.position_dim(k)) for k in ref}
             rows.append(
@@ -112,7 +133,7 @@ def signature_rows(compiled: dict, prefix_module, suffix_module, host: Host, P: 
                     "mode": mode,
                     "check": "signature",
                     "signature": name,
-                    "p": p,
+                    "p": references["p"],
                     "finite": finite(outs),
                     **{
                         key: compare.worst(per_output.values(), key)
@@ -124,39 +145,46 @@ def signature_rows(compiled: dict, prefix_module, suffix_module, host: Host, P: 
     return rows
 
 
-def chaining_rows(
-    compiled: dict, model, host: Host, refs: StockReferences, P: int, S: int, form: str, state_shapes: dict, ids_for
-) -> list[dict]:
-    """suffix(prefix(x[:p]), x[p:p+s]) on the GPU vs the row graph (fp32) and stock float64 (fp16)."""
+def chaining_references(model, host: Host, stock: StockReferences, P: int, S: int, ids_for) -> list[dict]:
+    """For p in {1, P/2, P} and s in {1, S}: the tokens, and at the suffix positions the row graph's
+    hidden (torch), stock float64 and float16."""
     row = ClefRowPrefill(model, P + S).eval()
-    runners = {
-        mode: PairRunner(host, c.signature("prefix"), c.signature("suffix"), P, S, form, state_shapes)
-        for mode, c in compiled.items()
-    }
-    rows = []
+    out = []
     for p in sorted({1, P // 2, P}):
         for s in sorted({1, S}):
             ids = ids_for(p + s)
             full = host.record(ids, P + S)
             with torch.no_grad():
                 ref = row(**full)["hidden"][0, p : p + s]
-            exact, half = refs.hidden(full["embeds"][:, : p + s])
-            for mode, runner in runners.items():
-                prefix_hidden, state = runner.prefix(ids[:p])
-                out = runner.suffix(state, ids[p:])[0]
-                r = {
-                    "mode": mode,
-                    "check": "chaining",
-                    "p": p,
-                    "s": s,
-                    "prefix_padded": p < P,
-                    "finite": bool(torch.isfinite(out).all() and torch.isfinite(prefix_hidden).all())
-                    and finite(state.tensors),
-                    **compare.figures("vs_torch", out, ref),
-                }
-                if mode == "fp16":
-                    r.update(fp16_figures(out, exact[p:], half[p:]))
-                rows.append(r)
+            exact, half = stock.hidden(full["embeds"][:, : p + s])
+            out.append({"p": p, "s": s, "ids": ids, "torch": ref, "exact": exact[p:], "half": half[p:]})
+    return out
+
+
+def chaining_rows(
+    compiled: dict, host: Host, references: list[dict], P: int, S: int, form: str, state_shapes: dict
+) -> list[dict]:
+    """suffix(prefix(x[:p]), x[p:p+s]) on the GPU vs the row graph (fp32) and stock float64 (fp16)."""
+    rows = []
+    for mode, c in compiled.items():
+        runner = PairRunner(host, c.signature("prefix"), c.signature("suffix"), P, S, form, state_shapes)
+        for ref in references:
+            p, s, ids = ref["p"], ref["s"], ref["ids"]
+            prefix_hidden, state = runner.prefix(ids[:p])
+            out = runner.suffix(state, ids[p:])[0]
+            r = {
+                "mode": mode,
+                "check": "chaining",
+                "p": p,
+                "s": s,
+                "prefix_padded": p < P,
+                "finite": bool(torch.isfinite(out).all() and torch.isfinite(prefix_hidden).all())
+                and finite(state.tensors),
+                **compare.figures("vs_torch", out, ref["torch"]),
+            }
+            if mode == "fp16":
+                r.update(fp16_figures(out, ref["exact"], ref["half"]))
+            rows.append(r)
     return rows
 
 

@@ -21,11 +21,12 @@ Errors: scripts/checks/compare.py, global and per position, over the real positi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 
-from scripts.checks import compare, controls
+from scripts.checks import compare, controls, layerwise
 from scripts.layers import gated_delta
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
@@ -35,10 +36,19 @@ EXACT = "loop"  # the stock algorithm; in float64 it is the exact reference
 
 
 def in_float64(module: torch.nn.Module) -> torch.nn.Module:
-    """A float64 copy of a module (a stack or one GatedDeltaNet) running the exact stock algorithm."""
+    """A float64 copy of a module (one GatedDeltaNet; a whole stack only in benchmarks) running the
+    exact stock algorithm."""
     exact = copy.deepcopy(module).to(torch.float64)
     gated_delta.set_form(exact, EXACT)
     return exact
+
+
+@contextlib.contextmanager
+def exact_by_layer(stack: torch.nn.Module):
+    """`stack` (stock, its weights fp32) as the exact reference inside the block: the stock algorithm
+    in float64, one layer's float64 weights at a time (scripts/checks/layerwise.py), never a copy."""
+    with gated_delta.form_applied(stack, EXACT), layerwise.cast_by_layer(stack, stack.layers, torch.float64):
+        yield stack
 
 
 def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1.0, 3.0), seeds=(5, 6)) -> list[dict]:
@@ -97,8 +107,6 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
     """Row graph vs the stock twin, and causality, at every L. `model`: patched, form applied."""
     form = gated_delta.gated_deltanets(model)[0].chunk_gated_delta_rule.form
     twin = patch.stock_twin(model)
-    twin64 = in_float64(twin)
-    model64 = copy.deepcopy(model).to(torch.float64)  # the form itself in float64: pad logic, no rounding
     gdn_layers = len(gated_delta.gated_deltanets(model))
     rows = []
     for length in lengths:
@@ -111,7 +119,8 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
                 hidden = graph(**inputs)["hidden"][0, :n]
             with torch.no_grad():
                 stock = twin(inputs_embeds=real, use_cache=False).last_hidden_state[0]
-                exact = twin64(inputs_embeds=real.double(), use_cache=False).last_hidden_state[0]
+                with exact_by_layer(twin):
+                    exact = twin(inputs_embeds=real.double(), use_cache=False).last_hidden_state[0]
             control = {}
             if controls.memory_cut_applies(form, n):
                 with torch.no_grad(), controls.memory_cut(model, form):
@@ -133,11 +142,11 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
                     "interleave_calls_expected": 2 * gdn_layers,
                 }
             )
-        rows.append(causality(model, model64, host, length, vocab, seed))
+        rows.append(causality(model, host, length, vocab, seed))
     return rows
 
 
-def causality(model, model64, host: Host, length: int, vocab: int, seed: int) -> dict:
+def causality(model, host: Host, length: int, vocab: int, seed: int) -> dict:
     """One record of n tokens: zero pads to L, garbage pads to L, and no pads (a graph of L = n).
 
     Garbage vs zero pads at the same L must agree exactly (same shapes, same arithmetic). Across pad
@@ -153,19 +162,21 @@ def causality(model, model64, host: Host, length: int, vocab: int, seed: int) ->
         garbage[key][:, n:] = 5.0 * torch.randn(garbage[key][:, n:].shape, generator=gen)
     bare = host.record(ids, n)
 
-    def run(m, inputs, size, dtype):
-        with torch.no_grad():
-            return ClefRowPrefill(m, size).to(dtype)(**{k: v.to(dtype) for k, v in inputs.items()})["hidden"][0, :n]
+    def run(inputs, size, dtype):
+        """The form itself, in fp32 or in float64 (its pad logic without rounding, one layer at a time)."""
+        graph = ClefRowPrefill(model, size).eval()
+        with torch.no_grad(), layerwise.cast_by_layer(graph, model.layers, dtype):
+            return graph(**{k: v.to(dtype) for k, v in inputs.items()})["hidden"][0, :n]
 
     h_zero, h_garbage, h_bare = (
-        run(model, zero, length, torch.float32),
-        run(model, garbage, length, torch.float32),
-        run(model, bare, n, torch.float32),
+        run(zero, length, torch.float32),
+        run(garbage, length, torch.float32),
+        run(bare, n, torch.float32),
     )
     e_zero, e_garbage, e_bare = (
-        run(model64, zero, length, torch.float64),
-        run(model64, garbage, length, torch.float64),
-        run(model64, bare, n, torch.float64),
+        run(zero, length, torch.float64),
+        run(garbage, length, torch.float64),
+        run(bare, n, torch.float64),
     )
     return {
         "check": "causality",

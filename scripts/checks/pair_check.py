@@ -22,7 +22,9 @@ from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 
-def chaining(runner: PairRunner, row, vocab: int, seed: int, pad_guard_control: bool = False) -> list[dict]:
+def chaining(
+    runner: PairRunner, refs: References, vocab: int, seed: int, pad_guard_control: bool = False
+) -> list[dict]:
     """pad_guard_control: also chain with the prefix run under controls.without_pad_guard() (only a
     torch runner can: a LiteRT graph has its guard built in)."""
     P, S = runner.P, runner.S
@@ -33,8 +35,7 @@ def chaining(runner: PairRunner, row, vocab: int, seed: int, pad_guard_control: 
             prefix_hidden, state = runner.prefix(ids[:p])
             hidden = runner.suffix(state, ids[p:])
             cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
-            with torch.no_grad():
-                ref = row(**runner.host.record(ids, P + S))["hidden"]
+            ref = refs.row(ids)
             r = {
                 "check": "chaining",
                 "p": p,
@@ -61,7 +62,7 @@ def chaining(runner: PairRunner, row, vocab: int, seed: int, pad_guard_control: 
     return rows
 
 
-def reuse(runner: PairRunner, row, vocab: int, seed: int) -> list[dict]:
+def reuse(runner: PairRunner, refs: References, vocab: int, seed: int) -> list[dict]:
     P, S = runner.P, runner.S
     p = P // 2
     shared = model_check.random_ids(p, vocab, seed)
@@ -70,8 +71,7 @@ def reuse(runner: PairRunner, row, vocab: int, seed: int) -> list[dict]:
     for k in range(3):
         question = model_check.random_ids(S, vocab, seed + 1 + k)
         hidden = runner.suffix(state, question)
-        with torch.no_grad():
-            ref = row(**runner.host.record(shared + question, P + S))["hidden"][:, p : p + S]
+        ref = refs.row(shared + question)[:, p : p + S]
         rows.append(
             {
                 "check": "reuse",
@@ -85,23 +85,52 @@ def reuse(runner: PairRunner, row, vocab: int, seed: int) -> list[dict]:
     return rows
 
 
-class StockCaches:
-    """transformers' stock classes over the same weights, in float64 (the truth) and fp32."""
+class References:
+    """The torch side of every pair check, computed once per token sequence and kept: the row graph's
+    hidden [1, P+S, H] after the tokens, and transformers' stock caches after a prefix (float64, the
+    truth, one layer at a time; and fp32) as our state's entries. Checks run in torch first fill it;
+    after free() the stack can go and the interpreter's checks read what is kept (a sequence not seen
+    before is then an error naming it, never a silent recomputation)."""
 
-    def __init__(self, model):
-        self.fp32 = patch.stock_twin(model)
-        self.exact = model_check.in_float64(self.fp32)
+    def __init__(self, model, host, P: int, S: int):
+        self.model, self.host, self.length = model, host, P + S
+        self.graph = ClefRowPrefill(model, P + S).eval()
+        self.twin = patch.stock_twin(model)
+        self.hidden, self.caches = {}, {}
 
-    def after(self, embeds: torch.Tensor) -> tuple:
-        """[1, n, H] real-token embeddings -> (float64 cache, fp32 cache) after them."""
-        with torch.no_grad():
-            return (
-                self.exact(inputs_embeds=embeds.double(), use_cache=True).past_key_values,
-                self.fp32(inputs_embeds=embeds, use_cache=True).past_key_values,
+    def _need(self, what: str, ids) -> None:
+        if self.model is None:
+            raise RuntimeError(
+                f"no {what} kept for {len(ids)} tokens {list(ids)[:4]}...: the torch checks did not compute it"
             )
 
+    def row(self, ids) -> torch.Tensor:
+        key = tuple(ids)
+        if key not in self.hidden:
+            self._need("row hidden", ids)
+            with torch.no_grad():
+                self.hidden[key] = self.graph(**self.host.record(list(ids), self.length))["hidden"]
+        return self.hidden[key]
 
-def cache_entries(model, cache, p: int) -> dict:
+    def stock_state(self, ids) -> tuple[dict, dict]:
+        """-> (float64, fp32) stock cache entries after the tokens `ids` (cache_entries)."""
+        key = tuple(ids)
+        if key not in self.caches:
+            self._need("stock cache", ids)
+            embeds = self.host.record(list(ids), len(ids))["embeds"][:, : len(ids)]
+            with torch.no_grad():
+                with model_check.exact_by_layer(self.twin):
+                    exact = self.twin(inputs_embeds=embeds.double(), use_cache=True).past_key_values
+                fp32 = self.twin(inputs_embeds=embeds, use_cache=True).past_key_values
+            self.caches[key] = (cache_entries(self.model, exact), cache_entries(self.model, fp32))
+        return self.caches[key]
+
+    def free(self) -> None:
+        """Drop every reference to the stack: only the kept results stay."""
+        self.model = self.graph = self.twin = None
+
+
+def cache_entries(model, cache) -> dict:
     """A stock cache as our state's entries: {name: tensor} (the recurrent state unscaled)."""
     out = {}
     for i, layer in enumerate(model.layers):
@@ -115,15 +144,12 @@ def cache_entries(model, cache, p: int) -> dict:
     return out
 
 
-def state_vs_transformers(
-    runner: PairRunner, model, vocab: int, seed: int, stock: StockCaches | None = None
-) -> list[dict]:
+def state_vs_transformers(runner: PairRunner, refs: References, vocab: int, seed: int) -> list[dict]:
     """The prefix state after p = P/2 tokens vs the stock caches after the same tokens: a row per entry."""
     p = runner.P // 2
     ids = model_check.random_ids(p, vocab, seed)
     _, state = runner.prefix(ids)
-    stock = stock or StockCaches(model)
-    exact, fp32 = (cache_entries(model, c, p) for c in stock.after(runner.host.record(ids, p)["embeds"][:, :p]))
+    exact, fp32 = refs.stock_state(ids)
     scale = 2.0**runner.vs
     rows = []
     for name, ref in exact.items():
@@ -154,16 +180,10 @@ def state_vs_transformers(
 
 
 def check(
-    runner: PairRunner,
-    model,
-    vocab: int,
-    seed: int = 0,
-    pad_guard_control: bool = False,
-    stock: StockCaches | None = None,
+    runner: PairRunner, refs: References, vocab: int, seed: int = 0, pad_guard_control: bool = False
 ) -> list[dict]:
-    row = ClefRowPrefill(model, runner.P + runner.S).eval()
     return (
-        chaining(runner, row, vocab, seed, pad_guard_control)
-        + reuse(runner, row, vocab, seed + 7)
-        + state_vs_transformers(runner, model, vocab, seed + 13, stock)
+        chaining(runner, refs, vocab, seed, pad_guard_control)
+        + reuse(runner, refs, vocab, seed + 7)
+        + state_vs_transformers(runner, refs, vocab, seed + 13)
     )

@@ -1,13 +1,12 @@
 """Run a row graph `.tflite` in the LiteRT interpreter against the torch row graph: accuracy at the
-real positions, and latency as a ratio measured in the same run (medians of interleaved rounds)."""
+real positions, and latency as a ratio measured in the same run (medians, torch then LiteRT)."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 import torch
+
+from scripts.pipeline.measure import median_seconds
 
 
 def interpreter(path, threads: int | None = None):
@@ -30,24 +29,35 @@ def row_records(host, length: int, vocab: int) -> dict:
     return out
 
 
-def record_row(kind: str, n: int, lite: torch.Tensor, graph, inputs: dict, form) -> dict:
+def torch_reference(graph, inputs: dict, n: int, form) -> dict:
+    """What a record is checked against, from the torch row graph: its hidden at the n real positions
+    and, where the record spans two chunks, the same with the memory-cut fault (scripts/checks/controls.py).
+    Computed before the interpreter loads, so the stack can be freed first."""
+    from scripts.checks import controls
+
+    with torch.no_grad():
+        out = {"hidden": graph(**inputs)["hidden"][0, :n], "memory_cut": None}
+        if controls.memory_cut_applies(form, n):
+            with controls.memory_cut(graph.text_model, form):
+                out["memory_cut"] = graph(**inputs)["hidden"][0, :n]
+    return out
+
+
+def record_row(kind: str, n: int, lite: torch.Tensor, reference: dict) -> dict:
     """One record's row: the interpreter's hidden [1, L, H] vs the torch row graph's at the n real
-    positions (scripts/checks/compare.py), and where a record spans two chunks the memory-cut control: the
-    same file against the torch graph with the fault (scripts/checks/controls.py)."""
-    from scripts.checks import compare, controls
+    positions (scripts/checks/compare.py), and the memory-cut control where it applies: the same file
+    against the torch graph with the fault (torch_reference)."""
+    from scripts.checks import compare
 
     lite = lite[0, :n]
-    with torch.no_grad():
-        ref = graph(**inputs)["hidden"][0, :n]
     row = {
         "record": kind,
         "n_real": n,
-        **compare.figures("vs_torch", lite, ref),
+        **compare.figures("vs_torch", lite, reference["hidden"]),
         "finite": bool(torch.isfinite(lite).all()),
     }
-    if controls.memory_cut_applies(form, n):
-        with torch.no_grad(), controls.memory_cut(graph.text_model, form):
-            row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, graph(**inputs)["hidden"][0, :n])
+    if reference["memory_cut"] is not None:
+        row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, reference["memory_cut"])
     return row
 
 
@@ -56,19 +66,24 @@ def run(runner, inputs: dict) -> torch.Tensor:
     return torch.from_numpy(out["hidden"].copy())
 
 
-def latency(runner, graph, inputs: dict, repeats: int) -> dict:
-    """Median seconds of interpreter and torch eager on the same record, taking turns each round."""
-    feeds = {k: v.numpy() for k, v in inputs.items()}
-    lite, eager = [], []
+def torch_seconds(graph, inputs: dict, repeats: int) -> float:
+    """Median seconds of the torch row graph on a record (one warm-up first)."""
     with torch.no_grad():
-        runner(**feeds)
-        graph(**inputs)
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            runner(**feeds)
-            lite.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            graph(**inputs)
-            eager.append(time.perf_counter() - t0)
-    a, b = statistics.median(lite), statistics.median(eager)
-    return {"litert_median_s": a, "torch_median_s": b, "torch_over_litert": b / a, "repeats": repeats}
+        return median_seconds(lambda: graph(**inputs), repeats)
+
+
+def litert_seconds(runner, inputs: dict, repeats: int) -> float:
+    """Median seconds of the interpreter on a record (one warm-up first)."""
+    feeds = {k: v.numpy().astype(np.float32) for k, v in inputs.items()}
+    return median_seconds(lambda: runner(**feeds), repeats)
+
+
+def latency(litert_s: float, torch_s: float, repeats: int) -> dict:
+    """The two medians, measured in one process one after the other (torch first, then the stack is
+    freed and the interpreter loads: the two never share memory), and their ratio."""
+    return {
+        "litert_median_s": litert_s,
+        "torch_median_s": torch_s,
+        "torch_over_litert": torch_s / litert_s,
+        "repeats": repeats,
+    }

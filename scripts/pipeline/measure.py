@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 import threading
 import time
@@ -70,6 +71,18 @@ class AnonPeak:
         self._thread.join()
         self.peak = max(self.peak, memory_status()["anon"])
         return self.peak
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of fn(), after one warm-up call (first-call allocation
+    and weight packing are not the steady state)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 class Stopwatch:
