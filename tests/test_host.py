@@ -94,3 +94,33 @@ def test_record_refusals(host):
         host.record([], 4)
     with pytest.raises(ClefError, match="token id out of range"):
         host.record([10**6], 4)
+
+
+def test_host_tables_are_mapped_not_read(tmp_path):
+    """A host table is the file's pages: equal to safetensors' own read, a record's rows cost no anonymous
+    memory for the whole table (clef-flash's embed_tokens is 2 GB), and a write never reaches the file."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from scripts.pipeline import measure
+    from scripts.qwen35.host import mapped_tensor
+
+    table = torch.randn(25_000, 4096, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)  # 205 MB
+    path = tmp_path / "model.safetensors"
+    save_file({"small": torch.arange(6, dtype=torch.float32), "embed": table}, str(path))
+    digest = path.read_bytes()
+    del table
+    before = measure.memory_status()["anon"]
+    mapped = mapped_tensor(path, "embed")
+    rows = mapped[torch.tensor([3, 17, 24_999])].float()
+    grown = measure.memory_status()["anon"] - before
+    assert grown < 20 * 2**20, grown
+    with safe_open(str(path), framework="pt") as f:
+        assert torch.equal(mapped, f.get_tensor("embed")) and torch.equal(
+            rows, f.get_tensor("embed")[[3, 17, 24_999]].float()
+        )
+        assert torch.equal(mapped_tensor(path, "small"), f.get_tensor("small"))
+    mapped[0, 0] = 7.0
+    assert path.read_bytes() == digest
+    with pytest.raises(ClefError, match="has no tensor lm_head"):
+        mapped_tensor(path, "lm_head")

@@ -10,8 +10,10 @@ model's own by ~1e-5.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from scripts.checkpoint.snapshot import check_tokenizer, read_json, text_config
@@ -77,6 +79,32 @@ def check_inputs(embeds, valid, cos, sin, length: int, hidden_size: int, rotary:
     return n
 
 
+# safetensors dtype -> (numpy dtype of the same width, torch dtype); bf16 is read as int16 and viewed
+SAFETENSORS_DTYPES = {
+    "BF16": (np.int16, torch.bfloat16),
+    "F16": (np.float16, torch.float16),
+    "F32": (np.float32, torch.float32),
+}
+
+
+def mapped_tensor(path: Path, key: str) -> torch.Tensor:
+    """Tensor `key` of a safetensors file as a view of the file's pages, nothing read up front: a row is
+    read when it is used, and the kernel can drop its page again (clef-flash's embed_tokens is 2 GB in
+    bf16, of which a record uses a few rows). Copy-on-write: writing to it changes nothing on disk."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    if key not in header:
+        raise ClefError(f"{path} has no tensor {key}")
+    entry = header[key]
+    if entry["dtype"] not in SAFETENSORS_DTYPES:
+        raise ClefError(f"{path}: {key} is {entry['dtype']}, the host reads {sorted(SAFETENSORS_DTYPES)}")
+    np_dtype, dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    start, _ = entry["data_offsets"]
+    array = np.memmap(path, dtype=np_dtype, mode="c", offset=8 + size + start, shape=tuple(entry["shape"]))
+    return torch.from_numpy(array).view(dtype)
+
+
 class Host:
     """The host-side tables of one snapshot: embed_tokens, lm_head, tokenizer, rope settings."""
 
@@ -96,14 +124,11 @@ class Host:
 
     def _tensor(self, key: str) -> torch.Tensor:
         if key not in self._tables:
-            from safetensors import safe_open
-
             index = self.weights / "model.safetensors.index.json"
             name = read_json(index)["weight_map"][key] if index.is_file() else "model.safetensors"
             if not (self.weights / name).is_file():
                 raise ClefError(f"no {key} here: {self.weights / name} is missing")
-            with safe_open(str(self.weights / name), framework="pt") as f:
-                self._tables[key] = f.get_tensor(key)
+            self._tables[key] = mapped_tensor(self.weights / name, key)
         return self._tables[key]
 
     @property
