@@ -15,6 +15,7 @@ import contextlib
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from scripts.layers.kernel_form import STOCK, Form, parse
@@ -241,12 +242,12 @@ def make_kernel(form: Form, carry_state: bool = True):
         else:
             # Every chunk's output from its own tokens, all chunks at once; then, with S_i the state
             # entering chunk i ([BH, Dk, Dv]):
-            #   out_i += read_i S_i          read_i = q_i exp(prefix) - intra_i w_i        [BH, C, Dk]
-            #   S_i+1 = carry_i S_i - forget_i S_i + write_i
-            #       carry_i = exp(total_i), forget_i = k_tail_i w_i [BH, Dk, Dk], write_i = k_tail_i u_i [BH, Dk, Dv]
+            #   out_i += read_i S_i      read_i = q_i exp(prefix) - intra_i w_i                 [BH, C, Dk]
+            #   S_i+1 = step_i S_i + write_i
+            #       step_i = exp(total_i) I - k_tail_i w_i [BH, Dk, Dk], write_i = k_tail_i u_i [BH, Dk, Dv]
             # (the stock order, v_new = u - w S, out = q_dec S + intra v_new, S = carry S + k_tail v_new,
-            # regrouped): read, forget and write are computed once for all chunks, so the unrolled loop
-            # holds two matmuls per chunk instead of four, and nothing where the state is known to be zero.
+            # regrouped). read, step and write are computed once for all chunks; the unrolled loop holds
+            # one matmul and one add per chunk (the states only), and one matmul reads every chunk's state.
             out = intra @ u
             if n_chunks > 1 or state is not None or output_final_state:
                 w, q_decayed, k_tail = decayed()
@@ -254,18 +255,19 @@ def make_kernel(form: Form, carry_state: bool = True):
                 def per_chunk(x):  # slices, not torch.split: the converter fails on a split into one piece
                     return [x[i * bh : (i + 1) * bh] for i in range(n_chunks)]
 
-                read = per_chunk(q_decayed - intra @ w)
-                carry = per_chunk(decay_exp(total, form).unsqueeze(-1).unsqueeze(-1))  # [BH, 1, 1] each
-                forget = per_chunk(k_tail @ w)
+                carry = decay_exp(total, form).unsqueeze(-1).unsqueeze(-1)  # [N BH, 1, 1]
+                # identity from numpy: a constant in the graph (torch.eye would trace to an IOTA op)
+                eye = torch.from_numpy(np.eye(dk, dtype=np.float32)).to(dtype)
+                step = per_chunk(carry * eye - k_tail @ w)
                 write = per_chunk(k_tail @ u)
-                gained = []  # read_i S_i per chunk (a zero block where S_i is zero)
+                entering = []  # S_i per chunk (a zero block where S_i is zero)
                 for i in range(n_chunks):  # unrolled at a fixed L
                     if i and not carry_state:
                         state = None
-                    gained.append(torch.zeros(bh, c, dv, dtype=dtype) if state is None else read[i] @ state)
+                    entering.append(torch.zeros(bh, dk, dv, dtype=dtype) if state is None else state)
                     if i < n_chunks - 1 or output_final_state:
-                        state = write[i] if state is None else carry[i] * state - forget[i] @ state + write[i]
-                out = out + torch.cat(gained, dim=0)
+                        state = write[i] if state is None else step[i] @ state + write[i]
+                out = out + (q_decayed - intra @ w) @ torch.cat(entering, dim=0)
         final = state.reshape(b, h, dk, dv) if output_final_state else None
         out = out.reshape(n_chunks, b * h, c, dv).transpose(0, 1).reshape(b * h, n_chunks * c, dv)[:, :length]
         out = out.reshape(b, h, length, dv).transpose(1, 2)
