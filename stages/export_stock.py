@@ -1,4 +1,4 @@
-"""DVC stage `export_stock`: the L=64 row graph converted with the stock `loop` kernel (transformers'
+"""DVC stage `export_stock`: the L=64 row graph of the first block converted with the stock `loop` kernel (transformers'
 algorithm op for op, constant identity so it loads) -> results/export_stock.json: the baseline the
 form is measured against in export_bench. It reads no form, so trying a new form does not redo it."""
 
@@ -10,7 +10,6 @@ from scripts.bench import conversion_bench
 from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout
 from scripts.pipeline.errors import run_stage
-from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
 
 
@@ -20,7 +19,7 @@ def main() -> None:
     host = Host(snap)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "stock.tflite"
-        model, _, _ = patch.load(snap, "loop", progress=False)
+        model = conversion_bench.load_block(snap, "loop")
         doc = conversion_bench.convert_timed(model, "loop", host, path)
         del model
         gc.collect()  # the stack goes before the interpreter loads

@@ -15,8 +15,8 @@ def test_override_is_valid_params_for_every_section(tmp_path):
     p = real_width.overridden(base)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
     checked = params.load(list(p), path=tmp_path / "params.yaml")
-    assert checked["model"]["source"] == "synthetic" and checked["lengths"] == [64]
-    assert checked["pairs"] == [{"prefix": 64, "suffix": 64}]
+    assert checked["model"]["source"] == "synthetic" and checked["lengths"] == [64, 256]
+    assert checked["pairs"] == [{"prefix": 64, "suffix": 64}, {"prefix": 256, "suffix": 64}]
     # everything else is the committed params: the same form and thresholds as the tiny run
     assert {k: v for k, v in checked.items() if k not in ("model", "lengths", "pairs")} == {
         k: v for k, v in base.items() if k not in ("model", "lengths", "pairs")
@@ -55,3 +55,46 @@ def test_extrapolation_scales_what_grows_with_the_weights():
     }
     assert out["stages"]["verify_kernel"] == {"seconds": 55.0, "peak_rss_gib": 0.5}  # set by widths, not layers
     assert out["row_graph_bytes_per_L"] == 8 * 3.5e9 and out["fp32_stack_bytes"] == 8 * 4e9
+
+
+def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
+    """The real-width run has L 64 and 256 and pairs 64+64 and 256+64; the default pipeline's L=128 and
+    pair 128+64 are interpolated, verify_model scales with the sum of the lengths, release with the
+    number of graphs, the first-block benchmark is as measured; the peak is held to the budget."""
+
+    def f(seconds, anon):
+        return {"seconds": seconds, "peak_anon_gib": anon}
+
+    clef = {
+        "stages": {
+            "export@64": f(100.0, 30.0),
+            "export@256": f(300.0, 34.0),
+            "verify_pair@64_64": f(200.0, 31.0),
+            "verify_pair@256_64": f(520.0, 33.0),
+            "verify_model": f(320.0, 35.0),
+            "release": f(40.0, 1.0),
+            "export_bench": f(50.0, 5.0),
+        },
+        "memory_budget_gib": 34.5,
+    }
+    measured = {"lengths": [64, 256], "pairs": [{"prefix": 64, "suffix": 64}, {"prefix": 256, "suffix": 64}]}
+    default = {
+        "lengths": [64, 128, 256],
+        "pairs": [{"prefix": 256, "suffix": 64}, {"prefix": 128, "suffix": 64}, {"prefix": 64, "suffix": 64}],
+    }
+    out = report.default_pipeline(clef, measured, default)
+    s = out["stages"]
+    assert s["export@128"] == {"seconds": 100.0 + 200.0 * 64 / 192, "peak_anon_gib": 30.0 + 4.0 * 64 / 192}
+    assert s["verify_pair@128_64"]["seconds"] == 200.0 + 320.0 * 64 / 192
+    assert s["verify_model"]["seconds"] == 320.0 * 448 / 320
+    assert s["release"]["seconds"] == 40.0 * 6 / 4
+    assert s["export_bench"]["seconds"] == 50.0
+    assert out["seconds"] == sum(v["seconds"] for v in s.values())
+    assert out["peak_anon_stage"] == "verify_model" and out["peak_anon_gib"] == 35.0
+    assert out["within_budget"] is False  # 35 > 34.5: the check can fail
+    assert report.default_pipeline({**clef, "memory_budget_gib": 36.0}, measured, default)["within_budget"] is True
+
+
+def test_interpolation_extends_beyond_the_measured_sizes():
+    assert report.interpolated({64: 1.0, 256: 4.0}, 320) == 5.0
+    assert report.interpolated({64: 1.0}, 256) == 1.0

@@ -1,7 +1,10 @@
-"""One timed conversion of the L=64 row graph under a kernel form: conversion time, op counts, and the
-latency of torch and of the interpreter on the same record. The export_stock and export_bench stages
-each run it once, so the stock `loop` kernel's slow conversion (results/export_stock.json's
-convert_seconds) is redone only when the checkpoint changes, not the form.
+"""One timed conversion of the L=64 row graph of the model's first block (its GatedDeltaNets up to and
+including the first attention layer: clef-flash's 3 + 1, the unit its 32 layers repeat) under a kernel
+form: conversion time, op counts, and the latency of torch and of the interpreter on the same record.
+The ratios stock / form are per layer, so one block shows them at an eighth of clef-flash's cost.
+The export_stock and export_bench stages each run it once, so the stock `loop` kernel's slow
+conversion (results/export_stock.json's convert_seconds) is redone only when the checkpoint changes,
+not the form.
 
 Two steps, so that the caller frees the stack in between (the weights are never in memory twice):
 `convert_timed` with the model, then `litert_timed` with the file alone."""
@@ -13,7 +16,7 @@ from pathlib import Path
 from scripts.checks import model_check, tflite_check
 from scripts.litert import export, tflite_file
 from scripts.pipeline.measure import Stopwatch
-from scripts.qwen35 import row_graph
+from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 
 BENCH_L = 64
@@ -24,9 +27,15 @@ def bench_record(host: Host, vocab: int) -> dict:
     return host.record(model_check.random_ids(BENCH_L, vocab, BENCH_L), BENCH_L)
 
 
+def load_block(snap: Path, form: str):
+    """The first block of the stack (patched, `form` applied): what both conversions are timed on."""
+    model, _, _ = patch.load(snap, form, progress=False, block=True)
+    return model
+
+
 def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEATS) -> dict:
-    """`model` (patched, `form` applied) as the L=64 row graph converted to `path`, timed; its op counts
-    and torch's median latency on the bench record."""
+    """`model` (load_block) as the L=64 row graph converted to `path`, timed; its op counts and torch's
+    median latency on the bench record."""
     graph = row_graph.ClefRowPrefill(model, BENCH_L)
     inputs = bench_record(host, model.config.vocab_size)
     clock = Stopwatch()
@@ -37,6 +46,7 @@ def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEA
     return {
         "form": form,
         "L": BENCH_L,
+        "layers": len(model.layers),
         "convert_seconds": seconds,
         "op_total": census["op_total"],
         "ops_per_gdn_layer_max": max(per_layer),

@@ -25,7 +25,7 @@ import torch
 from scripts.checkpoint import snapshot
 from scripts.checks import model_check, tflite_check
 from scripts.litert import tflite_file
-from scripts.pipeline import atomic, layout
+from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.pipeline.measure import median_seconds
 
@@ -70,16 +70,28 @@ def graph_rate(ws: Path, length: int) -> dict:
 def stage_records(ws: Path) -> dict:
     runtime = ws / layout.RUNTIME
     records = {p.stem: json.loads(p.read_text()) for p in sorted(runtime.glob("*.json"))} if runtime.is_dir() else {}
-    return {
-        name: {
+    out = {}
+    for name, r in records.items():
+        out[name] = {
             "seconds": r["seconds"],
             "peak_rss_gib": r["peak_rss_bytes"] / 2**30,
             # anonymous memory (scripts/pipeline/measure.py): absent from records made before it was sampled
             **({"peak_anon_gib": r["peak_anon_bytes"] / 2**30} if "peak_anon_bytes" in r else {}),
             "finished_utc": r["finished_utc"],
         }
-        for name, r in records.items()
-    }
+        if "memory_budget" in r:
+            out[name]["budget_gib"] = r["memory_budget"]["limit_bytes"] / 2**30
+            out[name]["within_budget"] = r["memory_budget"]["within"]
+    return out
+
+
+def ops_per_gdn_layer(ws: Path) -> dict:
+    """{L: the most ops any GatedDeltaNet has in the row graph of L}, from verify_tflite's census."""
+    out = {}
+    for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
+        doc = json.loads(path.read_text())
+        out[str(doc["L"])] = max(doc["census"]["ops_per_gdn_layer"].values())
+    return out
 
 
 def latency(ws: Path) -> dict:
@@ -109,12 +121,25 @@ def workspace(ws: Path) -> dict:
         "latency": latency(ws),
         "stack_rss_budget": s.get("rss_budget"),
         "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
+        "ops_per_gdn_layer": ops_per_gdn_layer(ws),
+        "params": {k: v for k, v in params.read(ws / "params.yaml").items() if k in ("lengths", "pairs", "memory")},
     }
 
 
-# Stages whose work is set by the checkpoint's widths (head counts) and params, not its layer count:
-# clef-flash costs what the real-width run measured.
-WIDTH_ONLY_STAGES = ("verify_kernel", "kernel_bench")
+# Stages whose work does not grow with the layer count: set by the widths and params (the kernel), or
+# done on the first block only (the stock-vs-form conversion benchmark): clef-flash costs what the
+# real-width run measured.
+AS_MEASURED = ("verify_kernel", "kernel_bench", "export_stock", "export_bench")
+PER_LENGTH = ("export", "verify_tflite", "verify_gpu_row")  # one stage per L
+PER_PAIR = ("export_pair", "verify_pair", "verify_gpu_pair")  # one stage per pair, sized by P + S
+BY_LENGTHS = ("verify_model",)  # one stage over every L: its work grows with the sum of the lengths
+BY_GRAPHS = ("release",)  # hashes and packs every graph
+
+
+def stage_size(name: str) -> tuple[str, int | None]:
+    """ "export@64" -> ("export", 64); "verify_pair@256_64" -> ("verify_pair", 320); "stack" -> ("stack", None)."""
+    base, _, args = name.partition("@")
+    return base, sum(int(a) for a in args.split("_")) if args else None
 
 
 def extrapolate(tiny: dict, real: dict) -> dict:
@@ -123,7 +148,7 @@ def extrapolate(tiny: dict, real: dict) -> dict:
     - peak RSS and peak anonymous memory: the tiny run's (the runtime itself) + 8 x what the
       real-width weights added to it;
     - time: 8 x the real-width time, an upper bound (each stage's fixed start-up is scaled too);
-    - WIDTH_ONLY_STAGES: as measured at real width."""
+    - AS_MEASURED stages: as measured at real width."""
     blocks = CLEF_FLASH_LAYERS // real["layers"] if real.get("layers") else None
     out = {}
     for name, r in real["stages"].items():
@@ -131,7 +156,7 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         if t is None or blocks is None:
             continue
         memory = [k for k in ("peak_rss_gib", "peak_anon_gib") if k in r and k in t]
-        if name in WIDTH_ONLY_STAGES:
+        if stage_size(name)[0] in AS_MEASURED:
             out[name] = {"seconds": r["seconds"], **{k: r[k] for k in memory}}
         else:
             out[name] = {
@@ -139,12 +164,87 @@ def extrapolate(tiny: dict, real: dict) -> dict:
                 **{k: t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
             }
     graph = real["latency"].get("64", {}).get("bytes")
-    return {
+    fp32 = real.get("fp32_bytes") and blocks * real["fp32_bytes"]
+    doc = {
         "blocks": blocks,
         "stages": out,
         "row_graph_bytes_per_L": graph and blocks * graph,
         "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
-        "fp32_stack_bytes": real.get("fp32_bytes") and blocks * real["fp32_bytes"],
+        "fp32_stack_bytes": fp32,
+    }
+    budget = (tiny.get("params") or {}).get("memory")
+    if budget and fp32:
+        doc["memory_budget_gib"] = (float(budget["factor"]) * fp32) / 2**30 + float(budget["overhead_gib"])
+    return doc
+
+
+def interpolated(points: dict[int, float], size: int) -> float:
+    """A figure at `size` from figures measured at other sizes: linear between the two around it, the
+    nearest two's line beyond them, the one figure when only one was measured."""
+    xs = sorted(points)
+    if size in points or len(xs) == 1:
+        return points.get(size, points[xs[0]])
+    lo, hi = (
+        (xs[0], xs[1])
+        if size < xs[0]
+        else (xs[-2], xs[-1])
+        if size > xs[-1]
+        else next((a, b) for a, b in zip(xs, xs[1:], strict=False) if a <= size <= b)
+    )
+    return points[lo] + (points[hi] - points[lo]) * (size - lo) / (hi - lo)
+
+
+def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
+    """The default params' pipeline (default["lengths"], default["pairs"]) on clef-flash, from the
+    per-stage extrapolation `clef` of the real-width run, whose own lengths and pairs are `measured`:
+    a per-L or per-pair stage at a size the run did not have is interpolated in L (P + S); verify_model
+    is scaled by the sum of the lengths, release by the number of graphs. -> every stage's seconds and
+    peak anonymous memory, the total, and the largest peak against clef-flash's memory budget."""
+    by_base: dict[str, dict[int | None, dict]] = {}
+    for name, figures in clef["stages"].items():
+        base, size = stage_size(name)
+        by_base.setdefault(base, {})[size] = figures
+    lengths, pairs = default["lengths"], [p["prefix"] + p["suffix"] for p in default["pairs"]]
+    measured_lengths = measured["lengths"]
+    graphs = len(lengths) + len(pairs)
+    measured_graphs = len(measured_lengths) + len(measured["pairs"])
+
+    def at(base: str, size: int) -> dict:
+        found = by_base[base]
+        return {k: interpolated({n: f[k] for n, f in found.items()}, size) for k in ("seconds", "peak_anon_gib")}
+
+    stages = {}
+    for base, found in sorted(by_base.items()):
+        if base in PER_LENGTH:
+            stages.update({f"{base}@{n}": at(base, n) for n in lengths})
+        elif base in PER_PAIR:
+            stages.update(
+                {f"{base}@{p['prefix']}_{p['suffix']}": at(base, p["prefix"] + p["suffix"]) for p in default["pairs"]}
+            )
+        else:
+            f = dict(found[None])
+            scale = (
+                sum(lengths) / sum(measured_lengths)
+                if base in BY_LENGTHS
+                else graphs / measured_graphs
+                if base in BY_GRAPHS
+                else 1.0
+            )
+            stages[base] = {"seconds": f["seconds"] * scale, "peak_anon_gib": f.get("peak_anon_gib")}
+    peaks = {n: f["peak_anon_gib"] for n, f in stages.items() if f.get("peak_anon_gib") is not None}
+    top = max(peaks, key=peaks.get) if peaks else None
+    seconds = sum(f["seconds"] for f in stages.values())
+    budget = clef.get("memory_budget_gib")
+    return {
+        "lengths": lengths,
+        "pairs": default["pairs"],
+        "stages": stages,
+        "seconds": seconds,
+        "hours": seconds / 3600,
+        "peak_anon_gib": peaks.get(top),
+        "peak_anon_stage": top,
+        "memory_budget_gib": budget,
+        "within_budget": budget is not None and top is not None and peaks[top] <= budget,
     }
 
 
@@ -189,6 +289,7 @@ def main() -> None:
         },
         "clef_flash": extrapolate(tiny, real),
     }
+    doc["clef_flash"]["default_pipeline"] = default_pipeline(doc["clef_flash"], real["params"], tiny["params"])
     atomic.write_json(layout.BENCH, doc)
     print(
         f"bench: fp32 matmul peak {peak['gflops']:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak['threads']} threads); "

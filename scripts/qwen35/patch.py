@@ -197,12 +197,12 @@ def count_interleave(module: nn.Module):
             m.__dict__.pop("interleave_heads", None)
 
 
-def load(snapshot, form: str, progress: bool = True):
-    """The fp32 stack of `snapshot` patched for the row graph with kernel form `form` applied;
-    -> (model, load facts, what the form changed)."""
+def load(snapshot, form: str, progress: bool = True, block: bool = False):
+    """The fp32 stack of `snapshot` (block: its first block only, text_stack.first_block) patched for the
+    row graph with kernel form `form` applied; -> (model, load facts, what the form changed)."""
     from scripts.layers import gated_delta
     from scripts.qwen35 import text_stack
 
-    model, info = text_stack.load_text_stack(snapshot, progress=progress)
+    model, info = text_stack.load_text_stack(snapshot, progress=progress, block=block)
     patch(model)
     return model, info, gated_delta.set_form(model, form)

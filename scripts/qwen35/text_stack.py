@@ -107,8 +107,20 @@ def check_structure(model: nn.Module, cfg) -> None:
         )
 
 
-def load_text_stack(snapshot: Path, attn_implementation: str = "sdpa", model_cls=None, progress: bool = True):
-    """-> (fp32 text model on CPU, eval, no grad, embed_tokens None; the load's facts as a dict)."""
+def first_block(cfg) -> int:
+    """How many layers the stack's first block has: its layers up to and including the first attention
+    layer (clef-flash: 3 GatedDeltaNets + 1 attention, the unit its 32 layers repeat)."""
+    kinds = list(cfg.layer_types)
+    if "full_attention" not in kinds:
+        raise ClefError("the config's layer_types have no full_attention layer: the stack has no block")
+    return kinds.index("full_attention") + 1
+
+
+def load_text_stack(
+    snapshot: Path, attn_implementation: str = "sdpa", model_cls=None, progress: bool = True, block: bool = False
+):
+    """-> (fp32 text model on CPU, eval, no grad, embed_tokens None; the load's facts as a dict).
+    block: only the first block's layers are built and read (first_block), for a per-layer benchmark."""
     from safetensors import safe_open
     from tqdm import tqdm
 
@@ -117,6 +129,9 @@ def load_text_stack(snapshot: Path, attn_implementation: str = "sdpa", model_cls
     snapshot = Path(snapshot)
     clock = Stopwatch()
     cfg = text_config(snapshot, attn_implementation)
+    if block:
+        n = first_block(cfg)
+        cfg.num_hidden_layers, cfg.layer_types = n, list(cfg.layer_types)[:n]
     model = build_on_meta(cfg, model_cls)
     by_shard = keys_by_shard(model, weight_map(snapshot))
     state, source_dtypes = {}, set()
