@@ -182,3 +182,27 @@ def test_metadata_mismatches_names_each_key_that_differs():
         "P is None, expected 8",
     ]
     assert tflite_file.metadata_mismatches(None, {"L": 64}) == [f"no {tflite_file.METADATA_NAME} metadata entry"]
+
+
+def test_a_converted_model_is_freed_with_its_last_reference(tmp_path):
+    """After export.convert nothing holds the model's weights: a stage that converts and then frees the
+    stack before loading the interpreter really frees it (torch.export keeps its last trace, and with it
+    every parameter, in a module-level map unless export.release_export_trace drops it)."""
+    import gc
+    import weakref
+
+    module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    class Graph(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x):
+            return {"y": self.inner(x)}
+
+    weight = weakref.ref(module[0].weight)
+    export.convert(Graph(), {"x": torch.randn(1, 16)}, tmp_path / "small.tflite")
+    del module
+    gc.collect()
+    assert weight() is None

@@ -110,11 +110,22 @@ def latency(ws: Path) -> dict:
     return out
 
 
+def commit(ws: Path) -> str | None:
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ws, capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
 def workspace(ws: Path) -> dict:
     stack = ws / layout.result_path("stack")
     s = json.loads(stack.read_text()) if stack.is_file() else {}
+    graphs = sorted((ws / layout.ROWS).glob("*.tflite")) + sorted((ws / layout.PAIRS).glob("*.tflite"))
     return {
         "path": str(ws),
+        "commit": commit(ws),
+        "graph_bytes": sum(g.stat().st_size for g in graphs),
+        "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*.tar.gz")),
         "layers": s.get("layers"),
         "fp32_bytes": s.get("fp32_bytes"),
         "stages": stage_records(ws),

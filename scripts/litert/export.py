@@ -45,9 +45,22 @@ def convert_signatures(signatures: dict, path: Path) -> None:
     import litert_torch
 
     converter = litert_torch.Converter()
-    for name, (module, kwargs) in signatures.items():
-        converter.signature(name, module.eval(), sample_kwargs=kwargs)
-    converter.convert(lightweight_conversion=True).export(str(path))
+    try:
+        for name, (module, kwargs) in signatures.items():
+            converter.signature(name, module.eval(), sample_kwargs=kwargs)
+        converter.convert(lightweight_conversion=True).export(str(path))
+    finally:
+        release_export_trace()
+
+
+def release_export_trace() -> None:
+    """Drop what torch.export keeps of its last trace. torch 2.13 leaves a module-level map from fake
+    tensors to graph nodes (`_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT`, cleared only when the next
+    trace starts), and through the nodes it keeps every parameter of the exported model alive: a stage
+    that frees the stack after converting would hold the weights twice once the interpreter loads."""
+    from torch.fx.experimental import proxy_tensor
+
+    proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
 
 
 def metadata(rec: dict, form: str, contract: dict, shape: dict, params_used: dict) -> dict:

@@ -40,6 +40,13 @@ def read_metrics(root: Path) -> dict[str, dict]:
     return rows
 
 
+def read_bench(root: Path) -> dict:
+    path = root / layout.BENCH
+    if not path.is_file():
+        raise ClefError(f"no {path}: run `make real-width` (or `make bench`) first")
+    return json.loads(path.read_text())
+
+
 def run_line(root: Path) -> str:
     """Which run the figures are from: the release manifest's commit (the last stage of the run)."""
     manifest = root / layout.RELEASE / "manifest.json"
@@ -166,6 +173,104 @@ def export_bench_table(rows: dict) -> str:
     return table(["L", "ops per GatedDeltaNet", "stock / form: ops", "conversion time", "interpreter time"], body)
 
 
+def gib(value) -> str:
+    return "n/a" if value is None else f"{value:.1f} GiB"
+
+
+def seconds(value) -> str:
+    return "n/a" if value is None else f"{value:,.0f} s"
+
+
+def real_width_table(bench: dict) -> str:
+    """Per stage: the tiny run, the real-width run (measured) and clef-flash (extrapolated)."""
+    tiny, real, clef = bench["tiny"]["stages"], bench["real_width"]["stages"], bench["clef_flash"]["stages"]
+    order = sorted(real, key=lambda n: real[n]["finished_utc"])
+    body = []
+    for n in order:
+        r, t, c = real[n], tiny.get(n, {}), clef.get(n, {})
+        budget = f" / {r['budget_gib']:.1f}" if "budget_gib" in r else ""
+        within = "" if r.get("within_budget", True) else " **over**"
+        body.append(
+            [
+                f"`{n}`",
+                f"{seconds(t.get('seconds'))}, {gib(t.get('peak_anon_gib'))}",
+                f"{seconds(r['seconds'])}, {gib(r['peak_rss_gib'])}, {gib(r.get('peak_anon_gib'))}{budget}{within}",
+                f"{seconds(c.get('seconds'))}, {gib(c.get('peak_anon_gib'))}",
+            ]
+        )
+    return table(
+        [
+            "stage",
+            "tiny: time, peak anon",
+            "real width (measured): time, peak RSS, peak anon / budget",
+            "clef-flash (extrapolated): time, peak anon",
+        ],
+        body,
+    )
+
+
+def real_run_table(bench: dict) -> str:
+    """What the real clef-flash needs, each figure marked measured or extrapolated."""
+    real, clef = bench["real_width"], bench["clef_flash"]
+    run = clef["default_pipeline"]
+    blocks = clef["blocks"]
+    graphs = len(run["lengths"]) + len(run["pairs"])
+    per_graph = clef["row_graph_bytes_per_L"]
+    ratio = real["tarball_bytes"] / real["graph_bytes"] if real.get("graph_bytes") else None
+    disk = clef["snapshot_bytes"] + graphs * per_graph * (1 + (ratio or 0)) + per_graph
+    ops = real["ops_per_gdn_layer"]
+    within = "within" if run["within_budget"] else "**over**"
+    body = [
+        [
+            "download",
+            f"{clef['snapshot_bytes'] / 1e9:.1f} GB (bf16, vision and MTP included)",
+            "DESIGN.md, the hub's file list",
+        ],
+        [
+            "RAM",
+            f"{run['peak_anon_gib']:.1f} GiB peak anonymous memory (`{run['peak_anon_stage']}`), {within} the "
+            f"budget {run['memory_budget_gib']:.1f} GiB (params.yaml `memory` on the "
+            f"{clef['fp32_stack_bytes'] / 2**30:.1f} GiB fp32 stack)",
+            f"extrapolated: the tiny run's + {blocks} x what the real-width weights added",
+        ],
+        [
+            "time",
+            f"{run['hours']:.1f} h on {bench['machine']['cores']} cores for the default {len(run['lengths'])} L and "
+            f"{len(run['pairs'])} pairs, download excluded",
+            f"extrapolated: {blocks} x the real-width time (an upper bound), L and pairs the run did not have "
+            "interpolated; the first-block benchmark and the kernel stages as measured",
+        ],
+        [
+            "disk per graph",
+            f"{per_graph / 1e9:.1f} GB; the tarball {ratio:.2f} x the graphs" if ratio else f"{per_graph / 1e9:.1f} GB",
+            f"extrapolated: {blocks} x the real-width row graph; the real-width tarball ratio (measured)",
+        ],
+        [
+            "disk, default params",
+            f"~{disk / 1e9:.0f} GB: snapshot + {graphs} graphs + tarball + one scratch graph",
+            "sum of the above",
+        ],
+        [
+            "ops per GatedDeltaNet",
+            ", ".join(f"{v} at L={k}" for k, v in sorted(ops.items(), key=lambda kv: int(kv[0]))),
+            "measured at real width (the graph's op count does not grow with the layer count)",
+        ],
+    ]
+    return table(["need", "figure", "from"], body)
+
+
+BENCH_TABLES = {"real_width": real_width_table, "real_run": real_run_table}
+
+
+def bench_line(bench: dict) -> str:
+    real = bench["real_width"]
+    return (
+        f"From `make real-width` at commit {real.get('commit') or 'unknown'} with `make bench` at "
+        f"{bench['measured_utc']} ({bench['machine']['cpu']}, {bench['machine']['cores']} cores); "
+        "`results/bench.json`, rendered by `make readme`."
+    )
+
+
 TABLES = {
     "checks": checks_table,
     "rows": rows_table,
@@ -182,9 +287,13 @@ def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
 
     def fill(m: re.Match) -> str:
         name = m.group("name")
-        if name not in TABLES:
-            raise ClefError(f"README block `{name}` has no table; known: {', '.join(TABLES)}")
-        body = f"{run}\n\n{TABLES[name](rows)}"
+        if name in BENCH_TABLES:
+            bench = read_bench(root)
+            body = f"{bench_line(bench)}\n\n{BENCH_TABLES[name](bench)}"
+        elif name in TABLES:
+            body = f"{run}\n\n{TABLES[name](rows)}"
+        else:
+            raise ClefError(f"README block `{name}` has no table; known: {', '.join([*TABLES, *BENCH_TABLES])}")
         if body != m.group("body"):
             changed.append(name)
         return m.group(1) + body + m.group(4)

@@ -9,6 +9,7 @@ holds for the tiny checkpoint and the real one.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -67,11 +68,15 @@ def build_on_meta(cfg, model_cls=None) -> nn.Module:
     return model
 
 
-def keys_by_shard(model: nn.Module, wmap: dict[str, str]) -> dict[str, list[str]]:
-    """{shard: [module key]} for the text stack; a mismatch names the first missing and unexpected keys."""
+def keys_by_shard(model: nn.Module, wmap: dict[str, str], layers: int | None = None) -> dict[str, list[str]]:
+    """{shard: [module key]} for the text stack (layers: only its first `layers` layers' tensors are
+    wanted); a mismatch names the first missing and unexpected keys."""
     ckpt = {k[len(PREFIX) :]: shard for k, shard in wmap.items() if k.startswith(PREFIX)}
     for k in HOST_TENSORS:
         ckpt.pop(k, None)
+    if layers is not None:
+        beyond = re.compile(r"layers\.(\d+)\.")
+        ckpt = {k: v for k, v in ckpt.items() if not ((m := beyond.match(k)) and int(m.group(1)) >= layers)}
     wanted = set(model.state_dict())
     missing, unexpected = sorted(wanted - set(ckpt)), sorted(set(ckpt) - wanted)
     if missing or unexpected:
@@ -133,7 +138,7 @@ def load_text_stack(
         n = first_block(cfg)
         cfg.num_hidden_layers, cfg.layer_types = n, list(cfg.layer_types)[:n]
     model = build_on_meta(cfg, model_cls)
-    by_shard = keys_by_shard(model, weight_map(snapshot))
+    by_shard = keys_by_shard(model, weight_map(snapshot), cfg.num_hidden_layers if block else None)
     state, source_dtypes = {}, set()
     bar = tqdm(sorted(by_shard.items()), desc="loading shards", unit="shard", disable=not progress)
     for shard, keys in bar:
