@@ -194,15 +194,15 @@ def test_a_converted_model_is_freed_with_its_last_reference(tmp_path):
     module = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
     class Graph(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, inner):
             super().__init__()
-            self.inner = module
+            self.inner = inner
 
         def forward(self, x):
             return {"y": self.inner(x)}
 
     weight = weakref.ref(module[0].weight)
-    export.convert(Graph(), {"x": torch.randn(1, 16)}, tmp_path / "small.tflite")
+    export.convert(Graph(module), {"x": torch.randn(1, 16)}, tmp_path / "small.tflite")
     del module
     gc.collect()
     assert weight() is None
