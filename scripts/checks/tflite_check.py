@@ -10,10 +10,11 @@ from scripts.pipeline.measure import median_seconds
 
 
 def interpreter(path, threads: int | None = None):
-    from ai_edge_litert.interpreter import Interpreter
+    """The graph on LiteRT's CPU accelerator, its packed weights shared by its signatures in a cache
+    file (scripts/litert/cpu_graph.py): the interpreter every check and command runs."""
+    from scripts.litert.cpu_graph import CpuGraph
 
-    it = Interpreter(model_path=str(path), num_threads=threads or torch.get_num_threads())
-    return it
+    return CpuGraph(path, threads)
 
 
 def row_records(host, length: int, vocab: int) -> dict:

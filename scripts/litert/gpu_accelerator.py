@@ -138,14 +138,19 @@ def _quiet_teardown() -> None:
     os.dup2(devnull, 2)
 
 
+def quiet_teardown_at_exit() -> None:
+    """_quiet_teardown once at exit, however many graphs are compiled."""
+    atexit.unregister(_quiet_teardown)
+    atexit.register(_quiet_teardown)
+
+
 def load(path, accelerators, fp32: bool = True) -> tuple:
     """CompiledModel.from_file on `accelerators` (HardwareAccelerator flags), fp32 = enforce_f32, with
     the runtime's log captured; -> (model or None, log text, the runtime's error or None)."""
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.options import Options
 
-    atexit.unregister(_quiet_teardown)  # one entry, however many graphs are compiled
-    atexit.register(_quiet_teardown)
+    quiet_teardown_at_exit()
     options = Options(hardware_accelerators=accelerators)
     options.gpu_options.enforce_f32 = fp32
     model, error = None, None

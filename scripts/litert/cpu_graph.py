@@ -1,0 +1,82 @@
+"""A `.tflite` on LiteRT's CPU accelerator (XNNPACK), with its packed weights in a cache file.
+
+The classic interpreter packs a graph's weights for XNNPACK into anonymous memory, once for each
+signature: a shared-state pair (prefix and suffix over one copy of the weights) holds them twice,
+6.9 GB more for the real-width pair. `CompiledModel` with XNNPACK's weight cache
+(`CpuOptions.xnnpack_weight_cache_path`) packs them once into a file every signature shares, which
+the kernel maps: nothing is duplicated, and its pages can be dropped and read again like the graph's
+own. The cache lives in a temporary directory (TMPDIR) as long as the graph is open: one graph's
+worth of disk.
+
+`CpuGraph(path).get_signature_runner(name)` is a callable on named numpy arrays returning a dict of
+numpy arrays, as the classic interpreter's signature runner is.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scripts.litert import gpu_accelerator
+from scripts.pipeline.errors import ClefError
+
+CACHE_FILE = "weights.xnnpack"
+
+
+class CpuGraph:
+    def __init__(self, path, threads: int | None = None):
+        from ai_edge_litert.compiled_model import CompiledModel
+        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        from ai_edge_litert.options import Options
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ClefError(f"no {self.path} to run")
+        self._cache = tempfile.TemporaryDirectory(prefix="clef-xnnpack-")
+        options = Options(hardware_accelerators=HardwareAccelerator.CPU)
+        options.cpu_options.num_threads = threads or torch.get_num_threads()
+        options.cpu_options.xnnpack_weight_cache_path = str(Path(self._cache.name) / CACHE_FILE)
+        gpu_accelerator.quiet_teardown_at_exit()
+        with gpu_accelerator.captured_stderr() as log:  # the runtime logs every accelerator it registers
+            try:
+                self.model = CompiledModel.from_file(str(self.path), options=options)
+            except RuntimeError as exc:
+                raise ClefError(
+                    f"{self.path}: LiteRT cannot load it on the CPU: {' '.join(str(exc).split())}"
+                ) from None
+        self.log = log["text"]
+
+    def get_signature_runner(self, name: str | None = None):
+        """Signature `name` (the only one when None) as a callable on named float32 numpy arrays."""
+        sigs = self.model.get_signature_list()
+        key = name if name is not None else next(iter(sigs))
+        if key not in sigs:
+            raise ClefError(f"{self.path}: no signature {key!r} (has {sorted(sigs)})")
+        index = self.model.get_signature_index(key)
+        inputs, outputs = sigs[key]["inputs"], sigs[key]["outputs"]
+        shapes = {n: [int(d) for d in d_["shape"]] for n, d_ in self.model.get_output_tensor_details(key).items()}
+        in_bufs = self.model.create_input_buffers(index)
+        out_bufs = self.model.create_output_buffers(index)
+
+        def run(**feeds):
+            missing = sorted(set(inputs) - set(feeds))
+            if missing:
+                raise ClefError(f"{self.path} [{key}]: inputs {missing} not given")
+            for buf, n in zip(in_bufs, inputs, strict=True):
+                buf.write(np.ascontiguousarray(feeds[n], dtype=np.float32))
+            self.model.run_by_index(index, in_bufs, out_bufs)
+            return {
+                n: buf.read(int(np.prod(shapes[n])), np.float32).reshape(shapes[n])
+                for buf, n in zip(out_bufs, outputs, strict=True)
+            }
+
+        return run
+
+    def close(self) -> None:
+        """Release the compiled model and its weight cache now."""
+        with gpu_accelerator.captured_stderr():
+            self.model = None
+        self._cache.cleanup()
