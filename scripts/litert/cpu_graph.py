@@ -14,6 +14,7 @@ numpy arrays, as the classic interpreter's signature runner is.
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from pathlib import Path
 
@@ -28,25 +29,29 @@ CACHE_FILE = "weights.xnnpack"
 
 class CpuGraph:
     def __init__(self, path, threads: int | None = None):
-        from ai_edge_litert.compiled_model import CompiledModel
-        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-        from ai_edge_litert.options import Options
-
-        self.path = Path(path)
+        self.path, self.model = Path(path), None
         if not self.path.is_file():
             raise ClefError(f"no {self.path} to run")
         self._cache = tempfile.TemporaryDirectory(prefix="clef-xnnpack-")
-        options = Options(hardware_accelerators=HardwareAccelerator.CPU)
-        options.cpu_options.num_threads = threads or torch.get_num_threads()
-        options.cpu_options.xnnpack_weight_cache_path = str(Path(self._cache.name) / CACHE_FILE)
         gpu_accelerator.quiet_teardown_at_exit()
-        with gpu_accelerator.captured_stderr() as log:  # the runtime logs every accelerator it registers
+        # the runtime logs on fd 2 from C++ as it creates its environment and registers accelerators
+        with gpu_accelerator.captured_stderr() as log:
+            from ai_edge_litert.compiled_model import CompiledModel
+            from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+            from ai_edge_litert.options import Options
+
+            options = Options(hardware_accelerators=HardwareAccelerator.CPU)
+            options.cpu_options.num_threads = threads or torch.get_num_threads()
+            options.cpu_options.xnnpack_weight_cache_path = str(Path(self._cache.name) / CACHE_FILE)
             try:
                 self.model = CompiledModel.from_file(str(self.path), options=options)
             except RuntimeError as exc:
-                raise ClefError(
-                    f"{self.path}: LiteRT cannot load it on the CPU: {' '.join(str(exc).split())}"
-                ) from None
+                error = " ".join(str(exc).split())
+            else:
+                error = None
+        if error is not None:
+            self._cache.cleanup()
+            raise ClefError(f"{self.path}: LiteRT cannot load it on the CPU: {error}")
         self.log = log["text"]
 
     def get_signature_runner(self, name: str | None = None):
@@ -76,7 +81,14 @@ class CpuGraph:
         return run
 
     def close(self) -> None:
-        """Release the compiled model and its weight cache now."""
-        with gpu_accelerator.captured_stderr():
-            self.model = None
+        """Release the compiled model and its weight cache now (the runtime's teardown log kept off
+        stderr: it logs every accelerator it destroys)."""
+        if self.model is not None:
+            with gpu_accelerator.captured_stderr():
+                self.model = None
+                gc.collect()
         self._cache.cleanup()
+
+    def __del__(self) -> None:
+        if getattr(self, "model", None) is not None:
+            self.close()
