@@ -105,7 +105,7 @@ def test_no_records_or_unknown_block_is_one_line(tmp_path, workspace):
 def test_the_readme_has_every_table():
     text = (ROOT / "README.md").read_text()
     found = [m.group("name") for m in readme.BLOCK.finditer(text)]
-    assert sorted(found) == sorted(readme.TABLES), found
+    assert sorted(found) == sorted([*readme.TABLES, *readme.BENCH_TABLES]), found
 
 
 def test_run_outside_the_repository_is_one_line(tmp_path):
@@ -121,3 +121,53 @@ def test_run_outside_the_repository_is_one_line(tmp_path):
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error: no README.md here"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+
+
+def bench(missing=(), anon=30.0) -> dict:
+    stage = {"seconds": 100.0, "peak_rss_gib": 5.0, "peak_anon_gib": 4.0, "finished_utc": "t1", "budget_gib": 6.2}
+    return {
+        "measured_utc": "2026-11-30T00:00:00Z",
+        "machine": {"cpu": "AMD EPYC", "cores": 2},
+        "tiny": {"stages": {"export@64": {"seconds": 10.0, "peak_anon_gib": 0.4}}},
+        "real_width": {
+            "commit": "abc1234",
+            "stages": {"export@64": {**stage, "within_budget": anon < 35}},
+            "stages_not_finished": list(missing),
+            "graph_bytes": 4e9,
+            "tarball_bytes": 2e9,
+            "ops_per_gdn_layer": {"64": 146, "256": 193},
+        },
+        "clef_flash": {
+            "blocks": 8,
+            "stages": {"export@64": {"seconds": 800.0, "peak_anon_gib": anon}},
+            "row_graph_bytes_per_L": 2.8e10,
+            "snapshot_bytes": 1.93e10,
+            "fp32_stack_bytes": 2.77e10,
+            "default_pipeline": {
+                "lengths": [64, 128, 256],
+                "pairs": [{"prefix": 64, "suffix": 64}],
+                "hours": 2.5,
+                "peak_anon_gib": anon,
+                "peak_anon_stage": "export@64",
+                "memory_budget_gib": 35.5,
+                "within_budget": anon <= 35.5,
+            },
+        },
+    }
+
+
+def test_bench_tables_say_what_is_measured_and_what_did_not_finish(tmp_path):
+    doc = "<!-- generated: real_width -->\n<!-- end generated: real_width -->\n"
+    doc += "<!-- generated: real_run -->\n<!-- end generated: real_run -->\n"
+    with pytest.raises(ClefError, match="no .*bench.json: run `make real-width`"):
+        readme.render(doc, tmp_path)
+    atomic.write_json(tmp_path / layout.BENCH, bench())
+    text, changed = readme.render(doc, tmp_path)
+    assert changed == ["real_width", "real_run"] and "From `make real-width` at commit abc1234" in text
+    assert "| `export@64` | 10 s, 0.4 GiB | 100 s, 5.0 GiB, 4.0 GiB / 6.2 | 800 s, 30.0 GiB |" in text
+    assert "30.0 GiB peak anonymous memory (`export@64`), within the budget 35.5 GiB" in text
+    assert "2.5 h on 2 cores" in text and "146 at L=64, 193 at L=256" in text and "did not finish" not in text
+    atomic.write_json(tmp_path / layout.BENCH, bench(missing=["verify_gpu_row@64"], anon=36.0))
+    text, _ = readme.render(doc, tmp_path)
+    assert "| `verify_gpu_row@64` |  | **did not finish** (failed, or skipped after a failure) |  |" in text
+    assert "**over** the budget" in text and "without `verify_gpu_row@64`" in text

@@ -117,6 +117,22 @@ def commit(ws: Path) -> str | None:
     return done.stdout.strip() or None
 
 
+def pipeline_stages(ws: Path) -> list[str]:
+    """Every stage of the workspace's pipeline, foreach stages by their instance names (dvc stage list)."""
+    import subprocess
+
+    done = subprocess.run(["dvc", "stage", "list", "--name-only"], cwd=ws, capture_output=True, text=True)
+    pairs = params.read(ws / "params.yaml").get("pairs") or []
+    out = []
+    for name in (line.strip() for line in done.stdout.splitlines() if line.strip()):
+        base, _, index = name.partition("@")
+        if base in PER_PAIR and index.isdigit():  # dvc names a pair by its index, the stage by its P and S
+            pair = pairs[int(index)]
+            name = f"{base}@{pair['prefix']}_{pair['suffix']}"
+        out.append(name)
+    return out
+
+
 def workspace(ws: Path) -> dict:
     stack = ws / layout.result_path("stack")
     s = json.loads(stack.read_text()) if stack.is_file() else {}
@@ -133,6 +149,8 @@ def workspace(ws: Path) -> dict:
         "stack_rss_budget": s.get("rss_budget"),
         "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
         "ops_per_gdn_layer": ops_per_gdn_layer(ws),
+        # failed, or skipped after a failure (scripts/bench/real_width.py keeps only the run's records)
+        "stages_not_finished": [n for n in pipeline_stages(ws) if n not in stage_records(ws)],
         "params": {k: v for k, v in params.read(ws / "params.yaml").items() if k in ("lengths", "pairs", "memory")},
     }
 

@@ -198,6 +198,8 @@ def real_width_table(bench: dict) -> str:
                 f"{seconds(c.get('seconds'))}, {gib(c.get('peak_anon_gib'))}",
             ]
         )
+    for n in bench["real_width"].get("stages_not_finished", []):
+        body.append([f"`{n}`", "", "**did not finish** (failed, or skipped after a failure)", ""])
     return table(
         [
             "stage",
@@ -220,6 +222,8 @@ def real_run_table(bench: dict) -> str:
     disk = clef["snapshot_bytes"] + graphs * per_graph * (1 + (ratio or 0)) + per_graph
     ops = real["ops_per_gdn_layer"]
     within = "within" if run["within_budget"] else "**over**"
+    missing = real.get("stages_not_finished") or []
+    partial = f" (without {', '.join(f'`{n}`' for n in missing)}: they did not finish at real width)" if missing else ""
     body = [
         [
             "download",
@@ -230,13 +234,13 @@ def real_run_table(bench: dict) -> str:
             "RAM",
             f"{run['peak_anon_gib']:.1f} GiB peak anonymous memory (`{run['peak_anon_stage']}`), {within} the "
             f"budget {run['memory_budget_gib']:.1f} GiB (params.yaml `memory` on the "
-            f"{clef['fp32_stack_bytes'] / 2**30:.1f} GiB fp32 stack)",
+            f"{clef['fp32_stack_bytes'] / 2**30:.1f} GiB fp32 stack){partial}",
             f"extrapolated: the tiny run's + {blocks} x what the real-width weights added",
         ],
         [
             "time",
             f"{run['hours']:.1f} h on {bench['machine']['cores']} cores for the default {len(run['lengths'])} L and "
-            f"{len(run['pairs'])} pairs, download excluded",
+            f"{len(run['pairs'])} pairs, download excluded{partial}",
             f"extrapolated: {blocks} x the real-width time (an upper bound), L and pairs the run did not have "
             "interpolated; the first-block benchmark and the kernel stages as measured",
         ],
@@ -282,16 +286,20 @@ TABLES = {
 
 def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
     """README text with every generated block rendered from `root`'s records -> (text, blocks changed)."""
-    rows, run = read_metrics(root), run_line(root)
     changed = []
+    records: dict = {}  # read when a block needs them: the pipeline's metrics, the benchmark
 
     def fill(m: re.Match) -> str:
         name = m.group("name")
         if name in BENCH_TABLES:
-            bench = read_bench(root)
+            if "bench" not in records:
+                records["bench"] = read_bench(root)
+            bench = records["bench"]
             body = f"{bench_line(bench)}\n\n{BENCH_TABLES[name](bench)}"
         elif name in TABLES:
-            body = f"{run}\n\n{TABLES[name](rows)}"
+            if "rows" not in records:
+                records["rows"], records["run"] = read_metrics(root), run_line(root)
+            body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
             raise ClefError(f"README block `{name}` has no table; known: {', '.join([*TABLES, *BENCH_TABLES])}")
         if body != m.group("body"):
