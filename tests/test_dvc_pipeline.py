@@ -46,12 +46,17 @@ def test_a_new_import_makes_the_deps_stale(tmp_path):
 
 
 def params_sections_read(entry: Path) -> set[str]:
-    """The sections a stage asks scripts.pipeline.params.load for (a literal list in its entry point)."""
+    """The sections a stage asks scripts.pipeline.params.load for (a literal list in its entry point),
+    and `memory` when it runs under run_stage's memory budget (every stage but a budget=False one)."""
     sections = set()
     for node in ast.walk(ast.parse(entry.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and node.args:
             if isinstance(node.args[0], ast.List):
                 sections |= {e.value for e in node.args[0].elts}
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_stage":
+            unbudgeted = any(k.arg == "budget" and getattr(k.value, "value", True) is False for k in node.keywords)
+            if not unbudgeted:
+                sections.add("memory")
     return sections
 
 

@@ -11,13 +11,14 @@ import yaml
 from scripts.checkpoint import fetch, snapshot
 from scripts.pipeline import params
 from scripts.pipeline.errors import ClefError
-from tests.conftest import assert_one_line_error, run_stage
+from tests.conftest import ROOT, assert_one_line_error, run_stage
 
 GOOD = {"source": "tiny", "repo": "Cloudflare/clef-flash", "revision": "f0b7d3cd65296abfe459e6c228b618f5d8b26d2f"}
 
 
 def write_params(workdir, **model):
-    (workdir / "params.yaml").write_text(yaml.safe_dump({"model": {**GOOD, **model}}))
+    memory = yaml.safe_load((ROOT / "params.yaml").read_text())["memory"]  # every stage's budget
+    (workdir / "params.yaml").write_text(yaml.safe_dump({"model": {**GOOD, **model}, "memory": memory}))
 
 
 def assert_nothing_written(workdir):

@@ -51,7 +51,8 @@ def work(tmp_path, tiny_files):
     work = tmp_path / "work"
     work.mkdir()
     model = {"source": "hub", "repo": tiny_files[0], "revision": REVISION}
-    (work / "params.yaml").write_text(yaml.safe_dump({"model": model}))
+    memory = yaml.safe_load((ROOT / "params.yaml").read_text())["memory"]  # every stage's budget
+    (work / "params.yaml").write_text(yaml.safe_dump({"model": model, "memory": memory}))
     return work
 
 
