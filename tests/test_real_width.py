@@ -46,12 +46,20 @@ def test_extrapolation_scales_what_grows_with_the_weights():
         3.5e9,
     )
     tiny["stages"]["export@64"]["peak_anon_gib"], real["stages"]["export@64"]["peak_anon_gib"] = 0.5, 2.0
+    tiny["stages"]["verify_model"] = {"seconds": 5.0, "peak_anon_gib": 0.5}
+    real["stages"]["verify_model"] = {"seconds": 50.0, "peak_anon_gib": 6.0}  # the stack + a float64 layer
     out = report.extrapolate(tiny, real)
+    # more than one stack copy above the runtime: only one copy's worth grows with the depth
+    assert out["stages"]["verify_model"]["peak_anon_gib"] == 6.0 + 7 * (4e9 / 2**30)
     assert out["blocks"] == 8
+    stack = 4e9 / 2**30  # the real-width run's fp32 stack, GiB
     assert out["stages"]["export@64"] == {
         "seconds": 8 * 30.0,
-        "peak_rss_gib": 1.0 + 8 * 3.5,
-        "peak_anon_gib": 0.5 + 8 * 1.5,
+        # above the runtime: weights up to one stack copy grow 8x, the rest (per-layer work) does not
+        "peak_rss_gib": 4.5 + 7 * min(3.5, stack),
+        "peak_anon_gib": 2.0 + 7 * 1.5,
+        "peak_rss_gib_upper": 1.0 + 8 * 3.5,
+        "peak_anon_gib_upper": 0.5 + 8 * 1.5,
     }
     assert out["stages"]["verify_kernel"] == {"seconds": 55.0, "peak_rss_gib": 0.5}  # set by widths, not layers
     assert out["row_graph_bytes_per_L"] == 8 * 3.5e9 and out["fp32_stack_bytes"] == 8 * 4e9

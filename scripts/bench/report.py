@@ -174,11 +174,14 @@ def stage_size(name: str) -> tuple[str, int | None]:
 def extrapolate(tiny: dict, real: dict) -> dict:
     """clef-flash's needs per stage, from the real-width run (one of clef-flash's 8 blocks of 3
     GatedDeltaNet + 1 attention layers) and the tiny run (the same code with ~no weights).
-    - peak RSS and peak anonymous memory: the tiny run's (the runtime itself) + 8 x what the
-      real-width weights added to it;
+    - peak RSS and peak anonymous memory: what a stage holds above the tiny run's (the runtime) is
+      weights up to one copy of the real-width stack, which grows 8x, and beyond that per-layer work
+      (one layer converted to float64, activations at the same L), which does not: the real-width
+      figure + 7 x the first part. `*_upper` scales all of it 8x, an upper bound;
     - time: 8 x the real-width time, an upper bound (each stage's fixed start-up is scaled too);
     - AS_MEASURED stages: as measured at real width."""
     blocks = CLEF_FLASH_LAYERS // real["layers"] if real.get("layers") else None
+    stack_gib = (real.get("fp32_bytes") or 0) / 2**30
     out = {}
     for name, r in real["stages"].items():
         t = tiny["stages"].get(name)
@@ -190,7 +193,8 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         else:
             out[name] = {
                 "seconds": blocks * r["seconds"],
-                **{k: t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
+                **{k: r[k] + (blocks - 1) * min(max(r[k] - t[k], 0.0), stack_gib) for k in memory},
+                **{f"{k}_upper": t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
             }
     graph = real["latency"].get("64", {}).get("bytes")
     fp32 = real.get("fp32_bytes") and blocks * real["fp32_bytes"]

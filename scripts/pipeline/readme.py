@@ -195,7 +195,8 @@ def real_width_table(bench: dict) -> str:
                 f"`{n}`",
                 f"{seconds(t.get('seconds'))}, {gib(t.get('peak_anon_gib'))}",
                 f"{seconds(r['seconds'])}, {gib(r['peak_rss_gib'])}, {gib(r.get('peak_anon_gib'))}{budget}{within}",
-                f"{seconds(c.get('seconds'))}, {gib(c.get('peak_anon_gib'))}",
+                f"{seconds(c.get('seconds'))}, {gib(c.get('peak_anon_gib'))}"
+                + (f" (all 8x: {gib(c['peak_anon_gib_upper'])})" if "peak_anon_gib_upper" in c else ""),
             ]
         )
     for n in bench["real_width"].get("stages_not_finished", []):
@@ -235,7 +236,7 @@ def real_run_table(bench: dict) -> str:
             f"{run['peak_anon_gib']:.1f} GiB peak anonymous memory (`{run['peak_anon_stage']}`), {within} the "
             f"budget {run['memory_budget_gib']:.1f} GiB (params.yaml `memory` on the "
             f"{clef['fp32_stack_bytes'] / 2**30:.1f} GiB fp32 stack){partial}",
-            f"extrapolated: the tiny run's + {blocks} x what the real-width weights added",
+            f"extrapolated: the real-width figure + {blocks - 1} x the weights it holds (up to one stack copy)",
         ],
         [
             "time",
