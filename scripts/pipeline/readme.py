@@ -248,11 +248,15 @@ def real_run_table(bench: dict) -> str:
         [
             "disk per graph",
             f"{per_graph / 1e9:.1f} GB; the tarball {ratio:.2f} x the graphs" if ratio else f"{per_graph / 1e9:.1f} GB",
-            f"extrapolated: {blocks} x the real-width row graph; the real-width tarball ratio (measured)",
+            f"extrapolated: {blocks} x the real-width row graph"
+            + ("; the real-width tarball ratio (measured)" if ratio else "; no tarball measured (no release)"),
         ],
         [
             "disk, default params",
-            f"~{disk / 1e9:.0f} GB: snapshot + {graphs} graphs + tarball + one scratch graph",
+            f"~{disk / 1e9:.0f} GB: snapshot + {graphs} graphs + "
+            + ("tarball + " if ratio else "")
+            + "one scratch graph"
+            + ("" if ratio else ", and the tarball (not measured)"),
             "sum of the above",
         ],
         [
