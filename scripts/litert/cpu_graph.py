@@ -18,7 +18,6 @@ import gc
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from scripts.litert import gpu_accelerator
@@ -56,40 +55,7 @@ class CpuGraph:
 
     def get_signature_runner(self, name: str | None = None):
         """Signature `name` (the only one when None) as a callable on named float32 numpy arrays."""
-        sigs = self.model.get_signature_list()
-        key = name if name is not None else next(iter(sigs))
-        if key not in sigs:
-            raise ClefError(f"{self.path}: no signature {key!r} (has {sorted(sigs)})")
-        index = self.model.get_signature_index(key)
-        inputs, outputs = sigs[key]["inputs"], sigs[key]["outputs"]
-        shapes = {n: [int(d) for d in d_["shape"]] for n, d_ in self.model.get_output_tensor_details(key).items()}
-        in_bufs = self.model.create_input_buffers(index)
-        out_bufs = self.model.create_output_buffers(index)
-
-        def run_once(feeds):
-            missing = sorted(set(inputs) - set(feeds))
-            if missing:
-                raise ClefError(f"{self.path} [{key}]: inputs {missing} not given")
-            for buf, n in zip(in_bufs, inputs, strict=True):
-                buf.write(np.ascontiguousarray(feeds[n], dtype=np.float32))
-            self.model.run_by_index(index, in_bufs, out_bufs)
-            return {
-                n: buf.read(int(np.prod(shapes[n])), np.float32).reshape(shapes[n])
-                for buf, n in zip(out_bufs, outputs, strict=True)
-            }
-
-        first = [True]
-
-        def run(**feeds):
-            if not first[0]:
-                return run_once(feeds)
-            # the runtime sets up more of itself (a second environment, its accelerators) on the first
-            # buffer write and run, logging each from C++ on fd 2: that call runs with stderr captured
-            first[0] = False
-            with gpu_accelerator.captured_stderr():
-                return run_once(feeds)
-
-        return run
+        return gpu_accelerator.signature_runner(self.model, self.path, name)
 
     def close(self) -> None:
         """Release the compiled model and its weight cache now (the runtime's teardown log kept off
