@@ -137,6 +137,7 @@ def workspace(ws: Path) -> dict:
     stack = ws / layout.result_path("stack")
     s = json.loads(stack.read_text()) if stack.is_file() else {}
     graphs = sorted((ws / layout.ROWS).glob("*.tflite")) + sorted((ws / layout.PAIRS).glob("*.tflite"))
+    stages = stage_records(ws)
     return {
         "path": str(ws),
         "commit": commit(ws),
@@ -144,13 +145,13 @@ def workspace(ws: Path) -> dict:
         "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*.tar.gz")),
         "layers": s.get("layers"),
         "fp32_bytes": s.get("fp32_bytes"),
-        "stages": stage_records(ws),
+        "stages": stages,
         "latency": latency(ws),
         "stack_rss_budget": s.get("rss_budget"),
         "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
         "ops_per_gdn_layer": ops_per_gdn_layer(ws),
         # failed, or skipped after a failure (scripts/bench/real_width.py keeps only the run's records)
-        "stages_not_finished": [n for n in pipeline_stages(ws) if n not in stage_records(ws)],
+        "stages_not_finished": [n for n in pipeline_stages(ws) if n not in stages],
         "params": {k: v for k, v in params.read(ws / "params.yaml").items() if k in ("lengths", "pairs", "memory")},
     }
 
