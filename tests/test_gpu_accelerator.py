@@ -189,13 +189,44 @@ def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_l
 
 
 @pytest.mark.slow  # converts a shared-state pair
-def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_model, tmp_path):
-    """P=16, S=8: both signatures pad their chunks, which a PAD op got wrong on the GPU."""
+def fc_weight_bytes(path) -> list[int]:
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(str(path))
+    return [
+        len(model.buffers[sg.tensors[op.inputs[1]].buffer].data)
+        for sg in model.subgraphs
+        for op in sg.operators
+        if tflite_file.op_name(model, op) == "FULLY_CONNECTED"
+    ]
+
+
+@pytest.mark.parametrize("limit", [None, 2**14])
+def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_model, tmp_path, monkeypatch, limit):
+    """P=16, S=8: both signatures pad their chunks, which a PAD op got wrong on the GPU. With the
+    constant limit lowered to 16 KiB, the tiny MLP weights are split by rows: the blocks are shared by
+    both signatures (the file does not grow) and the pair is as exact."""
     model, host = two_layer_model
     path = tmp_path / "pair.tflite"
+    if limit:
+        convert_pair(model, host, tmp_path / "whole.tflite")
+        monkeypatch.setattr(tflite_file, "MAX_CONSTANT_BYTES", limit)
     convert_pair(model, host, path)
     census = tflite_file.census(path)
-    assert tflite_file.violations(census) == []
+    if limit:  # the kernel's 1 MiB 0/1 constant is over the lowered limit too: not a Linear, not split
+        assert [v for v in tflite_file.violations(census) if "a constant of 1048576 bytes" not in v] == []
+        whole = tflite_file.census(tmp_path / "whole.tflite")
+
+        def over(p):  # the Linear weights over the limit (the kernel's constant is 1 MiB)
+            return [b for b in fc_weight_bytes(p) if limit < b < 2**20]
+
+        assert over(path) == [] and over(tmp_path / "whole.tflite") != []
+        assert census["ops"]["FULLY_CONNECTED"] > whole["ops"]["FULLY_CONNECTED"]
+    else:
+        assert tflite_file.violations(census) == []
+    if limit:
+        growth = path.stat().st_size - (tmp_path / "whole.tflite").stat().st_size
+        assert growth < 0.05 * path.stat().st_size, growth
     compiled = gpu_check.compile_modes(path, census)
     assert all(c.fully_accelerated for c in compiled.values())
     refs = gpu_check.signature_references(
@@ -307,3 +338,43 @@ def test_verify_gpu_refuses_a_graph_with_broadcast_to_before_the_gpu(workdir, tm
 )
 def test_verify_gpu_bad_arguments(workdir, args, fragment):
     assert_one_line_error(run_verify_gpu(workdir, *args), fragment)
+
+
+class Wide(torch.nn.Module):
+    """One Linear whose fp32 weight is a row over WebGPU's 128 MiB storage-buffer binding limit."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4096, tflite_file.MAX_CONSTANT_BYTES // (4 * 4096) + 1, bias=False)
+
+    def forward(self, x):
+        return {"y": self.proj(x)}
+
+
+@pytest.mark.slow  # converts and compiles a 128 MiB weight twice
+def test_a_weight_over_the_binding_limit_is_split_at_export_and_refused_unsplit(tmp_path, monkeypatch):
+    """Why the export splits large Linears: unsplit, the census gate fails the graph, and the accelerator
+    logs a WebGPU validation error while computing the FULLY_CONNECTED wrong in fp32 (rel error 1 here)."""
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+
+    torch.manual_seed(0)
+    module, x = Wide().eval(), torch.randn(1, 8, 4096)
+    with torch.no_grad():
+        want = module(x)["y"]
+    split = tmp_path / "split.tflite"
+    export.convert(module, {"x": x}, split)
+    c = tflite_file.census(split)
+    assert c["ops"]["FULLY_CONNECTED"] == 2 and tflite_file.violations(c) == []
+    assert compare.rel(gpu_accelerator.compile(split, True).signature()(x=x)["y"], want) < 1e-5
+
+    whole = tmp_path / "whole.tflite"
+    monkeypatch.setattr(tflite_file, "MAX_CONSTANT_BYTES", 2 * tflite_file.MAX_CONSTANT_BYTES)
+    export.convert(module, {"x": x}, whole)  # the split switched off
+    monkeypatch.undo()
+    found = tflite_file.violations(tflite_file.census(whole))
+    assert any("134234112 bytes (> 134217728" in v for v in found), found
+    with pytest.raises(ClefError, match="larger than the maximum storage buffer binding size"):
+        gpu_accelerator.compile(whole, True)
+    model, log, _ = gpu_accelerator.load(whole, HardwareAccelerator.GPU, fp32=True)  # what compile refuses:
+    out = gpu_accelerator.signature_runner(model, whole, quiet_runs=True)(x=x.numpy())["y"]
+    assert compare.rel(torch.from_numpy(out), want) > 0.5  # the wrong result it would have given

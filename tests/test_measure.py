@@ -26,6 +26,42 @@ def test_anon_peak_sees_a_transient_allocation():
     assert measure.memory_status()["anon"] < peak - 200 * MB  # it was freed; the peak remembers it
 
 
+def busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_anon_peak_is_sampled_while_this_process_holds_the_gil():
+    """As LiteRT does while it compiles a graph for the GPU: with a 10 s switch interval, no other
+    thread of this process runs while the main thread computes, so a sampling thread would see
+    neither the allocation nor its release."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sampler = measure.AnonPeak(interval=0.005).start()
+    time.sleep(0.2)  # the sampler process is up
+    before = measure.memory_status()["anon"]
+    sys.setswitchinterval(10.0)
+    try:
+        block = bytearray(300 * MB)
+        busy(0.3)
+        del block
+        busy(0.1)
+    finally:
+        sys.setswitchinterval(interval)
+    assert sampler.stop() >= before + 280 * MB
+
+
+def test_shared_memory_counts_as_anonymous():
+    """Shared anonymous and memfd pages (where lavapipe keeps GPU buffers) cannot be dropped either."""
+    before = measure.memory_status()["anon"]
+    with mmap.mmap(-1, 200 * MB) as m:  # MAP_SHARED | MAP_ANONYMOUS: RssShmem, not RssAnon
+        m.write(b"\1" * (200 * MB))
+        during = measure.memory_status()["anon"]
+    assert during - before >= 180 * MB, (before, during)
+
+
 def test_a_mapped_file_is_resident_but_not_anonymous(tmp_path):
     path = tmp_path / "weights.bin"
     with open(path, "wb") as f:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from scripts.layers import kernel_form
+from scripts.layers import kernel_form, split_linear
 from scripts.layers.kernel_form import Form
 from scripts.litert import tflite_file
 from scripts.pipeline import params, provenance
@@ -41,14 +41,17 @@ def convert(module: torch.nn.Module, sample_kwargs: dict, path: Path) -> None:
 
 def convert_signatures(signatures: dict, path: Path) -> None:
     """One model with several named signatures {name: (module, sample_kwargs)} written to `path`;
-    modules that share parameters share their weight buffers in the file."""
+    modules that share parameters share their weight buffers in the file. A Linear weight larger than
+    a GPU binds as one buffer is converted as row blocks (split_linear: exact)."""
     import litert_torch
 
     converter = litert_torch.Converter()
+    modules = [module for module, _ in signatures.values()]
     try:
-        for name, (module, kwargs) in signatures.items():
-            converter.signature(name, module.eval(), sample_kwargs=kwargs)
-        converter.convert(lightweight_conversion=True).export(str(path))
+        with split_linear.split_linears(modules, tflite_file.MAX_CONSTANT_BYTES):
+            for name, (module, kwargs) in signatures.items():
+                converter.signature(name, module.eval(), sample_kwargs=kwargs)
+            converter.convert(lightweight_conversion=True).export(str(path))
     finally:
         release_export_trace()
 

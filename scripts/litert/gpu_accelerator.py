@@ -37,6 +37,10 @@ INSTALL_HINT = (
 _ADAPTER = re.compile(r"Selected adapter: (.+?)(?:, arch=|$)", re.M)
 REFUSED_HEAD = "Following operations are not supported by GPU delegate:"
 FALLBACK = re.compile(r"(\d+) operations will run on the GPU, and the remaining (\d+) operations will run on the CPU")
+# Dawn's WebGPU validation of what the accelerator asked of the device, e.g. "Binding size (201326592) of
+# [Buffer (unlabeled)] is larger than the maximum storage buffer binding size (134217728)": the
+# accelerator logs it and goes on, computing wrong (tests/test_gpu_accelerator.py).
+_VALIDATION = re.compile(r"Validation error: (.+)")
 _NO_ADAPTER = ("No adapters found", "Failed to create WebGPU", "No GPU adapter", "Failed to create a WebGPU")
 
 
@@ -197,6 +201,12 @@ def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: 
     if name is None or any(s in text for s in _NO_ADAPTER):
         raise ClefError(f"{path}: {INSTALL_HINT}")
     refused = refused_ops(text)
+    invalid = _VALIDATION.search(text)
+    if invalid and not refused and error is None:
+        raise ClefError(
+            f"{path} ({mode}): the device refused what the GPU accelerator asked of it on {name}: "
+            + invalid.group(1).strip()
+        )
     if refused or error is not None:
         fallback = FALLBACK.search(text)
         counts = (

@@ -5,7 +5,8 @@ than trusted from the converter: every op with its count, the largest tensor ran
 and the ops of each GatedDeltaNet layer (attributed through the source-module paths the converter
 writes into tensor names). `violations()` lists what makes a model unfit: a tensor of rank > 4, a
 custom op, a STABLEHLO_* op, an op of BANNED_OPS (WHILE, CUMSUM, GATHER_ND, BROADCAST_TO), an int64
-tensor, a PAD of a tensor of rank < 4, a signature output that is an input or another output's tensor.
+tensor, a PAD of a tensor of rank < 4, a signature output that is an input or another output's tensor,
+a constant larger than a GPU binds as one buffer.
 
 A flatbuffer cannot exceed 2 GB, so a larger model is written as a small flatbuffer head followed by
 the weight data, each buffer naming its absolute file offset. Everything here reads only the head
@@ -41,6 +42,11 @@ BANNED_OPS = {
     "BROADCAST_TO": "LiteRT's GPU accelerator: 'Operation is not supported'",
 }
 MAX_RANK = 4
+# The largest constant tensor a GPU binds as one storage buffer: WebGPU's default
+# maxStorageBufferBindingSize. LiteRT's GPU accelerator does not refuse a larger one: in fp32 mode it
+# computes the FULLY_CONNECTED wrong, without a word (tests/test_gpu_accelerator.py). The export splits
+# larger Linear weights by output rows (scripts/layers/split_linear.py).
+MAX_CONSTANT_BYTES = 128 * 2**20
 _OP_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 _TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
 _GDN_LAYER = re.compile(r"DecoderLayer_(\d+)/[^/;]*ClefGatedDeltaNet")
@@ -129,6 +135,9 @@ def census(source) -> dict:
             first_path = _name(sg.tensors[op.outputs[0]].name).split(";")[0] if len(op.outputs) else ""
             if m := _GDN_LAYER.search(first_path):
                 per_gdn[int(m.group(1))] += 1
+    constant_bytes = [
+        len(b.data) if b.data is not None else (b.size if b.offset > 1 else 0) for b in model.buffers or []
+    ]
     signatures = {}
     for sig in model.signatureDefs or []:
         sg = model.subgraphs[sig.subgraphIndex]
@@ -162,6 +171,7 @@ def census(source) -> dict:
         "ops": dict(sorted(ops.items())),
         "op_total": sum(ops.values()),
         "max_rank": max_rank,
+        "max_constant_bytes": max(constant_bytes, default=0),
         "dtypes": dict(sorted(dtypes.items())),
         "subgraphs": len(model.subgraphs),
         "ops_per_gdn_layer": {str(k): v for k, v in sorted(per_gdn.items())},
@@ -175,6 +185,11 @@ def violations(c: dict) -> list[str]:
     out = []
     if c["max_rank"] > MAX_RANK:
         out.append(f"a tensor of rank {c['max_rank']} (> {MAX_RANK})")
+    if c["max_constant_bytes"] > MAX_CONSTANT_BYTES:
+        out.append(
+            f"a constant of {c['max_constant_bytes']} bytes (> {MAX_CONSTANT_BYTES}, WebGPU's default storage "
+            "buffer binding limit: LiteRT's GPU accelerator computes it wrong in fp32)"
+        )
     for op, n in c["ops"].items():
         if op in BANNED_OPS:
             out.append(f"op {op} x{n} ({BANNED_OPS[op]})")

@@ -7,7 +7,10 @@ DVC skips keeps its last run's record.
 
 Peak RSS counts every resident page, including the pages of a file mapped read-only (a graph the
 interpreter maps, a checkpoint shard), which the kernel can drop and read again when memory runs
-short; peak anonymous memory (RssAnon, sampled) is what the machine must really provide.
+short; peak anonymous memory is what the machine must really provide: RssAnon + RssShmem, the
+swap-backed pages (shared memory and memfd mappings count: that is where lavapipe, the software
+Vulkan driver, keeps the GPU's "device" memory). It is sampled by a separate process, because a
+C++ call that holds the GIL (LiteRT compiling a graph) would stop a sampling thread for its length.
 
 The memory budget (params.yaml `memory`): a stage's peak anonymous memory must stay within
 factor x the fp32 stack's bytes (results/stack.json, written by the `stack` stage; 0 before it
@@ -20,7 +23,6 @@ import json
 import re
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -36,40 +38,60 @@ def memory_status(pid: str = "self") -> dict[str, int]:
     """Resident memory from /proc/<pid>/status, in bytes: rss (VmRSS), peak (VmHWM, its high-water
     mark), anon (RssAnon: heap and anonymous mappings, what cannot be dropped) and file (RssFile:
     mapped files' pages)."""
-    fields = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+    fields = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, rest = line.partition(":")
         if key in fields:
             out[fields[key]] = int(re.match(r"\s*(\d+)", rest).group(1)) * 1024
+    out["anon"] += out.pop("shmem")
     return out
 
 
+# The sampler process: the peak of the watched process's anonymous memory every `interval` seconds,
+# printed when a line (or end of file) arrives on stdin, or when the process is gone.
+_SAMPLER = """
+import select, sys
+from scripts.pipeline.measure import memory_status
+pid, interval, peak = sys.argv[1], float(sys.argv[2]), 0
+while True:
+    try:
+        peak = max(peak, memory_status(pid)["anon"])
+    except (FileNotFoundError, ProcessLookupError):
+        break
+    if select.select([sys.stdin], [], [], interval)[0]:
+        break
+print(peak, flush=True)
+"""
+
+
 class AnonPeak:
-    """Peak RssAnon of this process, sampled by a daemon thread every `interval` seconds from start()
-    (a peak shorter than the interval can be missed: the figure is a lower bound, close for the
-    stages' allocations, which live for seconds)."""
+    """Peak anonymous memory of this process (memory_status "anon"), sampled every `interval` seconds
+    from start() by a separate process (a peak shorter than the interval can be missed: the figure
+    is a lower bound, close for the stages' allocations, which live for seconds)."""
 
     def __init__(self, interval: float = 0.02):
         self.interval, self.peak = interval, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="anon-peak", daemon=True)
-
-    def _run(self) -> None:
-        while True:
-            self.peak = max(self.peak, memory_status()["anon"])
-            if self._stop.wait(self.interval):
-                return
+        self._process = None
 
     def start(self) -> AnonPeak:
-        self._thread.start()
+        import os
+        import subprocess
+
+        root = str(Path(__file__).resolve().parents[2])
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _SAMPLER, str(os.getpid()), str(self.interval)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=root,
+        )
         return self
 
     def stop(self) -> int:
-        """Stop sampling (one last sample first) -> the peak in bytes."""
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, memory_status()["anon"])
+        """Stop sampling (one last sample here too) -> the peak in bytes."""
+        out, _ = self._process.communicate("stop\n", timeout=60)
+        self.peak = max(int(out.strip() or 0), memory_status()["anon"])
         return self.peak
 
 
