@@ -1,6 +1,6 @@
 """DVC stage `release`: the row graphs and pairs, host files, reference records (computed by the verify
 stages, which hold the torch model already: this stage loads no model), model card and
-manifest -> artifacts/release/, its tarball -> artifacts/dist/<model>-<revision>-<form>.tar.gz, and the
+manifest -> artifacts/release/, its tarball -> artifacts/dist/<model>-<revision>-<form>.tar.zst, and the
 by-length tables `dvc plots show` draws -> results/plots/.
 
 With params.yaml `release.signing_key` set, the release directory, manifest included, is signed with
@@ -235,7 +235,7 @@ def build(
     atomic.write_json(build_dir / reader.MANIFEST, manifest)
     if key is not None:
         signing.sign(build_dir, p["release"]["signing_key"], name)
-    builder.write_tarball(build_dir, dist_dir / f"{name}.tar.gz", name)
+    builder.write_tarball(build_dir, dist_dir / f"{name}{builder.TARBALL_SUFFIX}", name)
     return manifest
 
 
@@ -268,7 +268,7 @@ def main() -> None:
     print(
         f"release: {layout.RELEASE} ({len(manifest['files'])} files, {len(manifest['artifacts'])} graphs, "
         f"{'signed by ' + sig['key_fingerprint'] if sig['signed'] else 'unsigned'}), "
-        f"{layout.DIST / (manifest['name'] + '.tar.gz')}; git {git['commit'] and git['commit'][:12]}"
+        f"{layout.DIST / (manifest['name'] + builder.TARBALL_SUFFIX)}; git {git['commit'] and git['commit'][:12]}"
         f"{'' if git['clean'] else ' (uncommitted changes: ' + ', '.join(git['changed'][:5]) + ')'}"
     )
 

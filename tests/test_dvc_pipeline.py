@@ -19,6 +19,7 @@ import yaml
 from scripts.checks import controls
 from scripts.litert import tflite_file
 from scripts.pipeline import layout, readme, stage_deps
+from scripts.release import builder
 from tests.conftest import ROOT, clef, dvc, dvc_run, git
 from tests.s3_server import add_s3_remote, s3_server, set_credentials
 
@@ -178,7 +179,7 @@ def test_pipeline_end_to_end(pipeline):
     # a rebuild from the same inputs is byte-identical: a row graph, and the release's every file and tarball
     row = repo / "artifacts/rows" / f"row_L{params['lengths'][0]}.tflite"
     manifest = json.loads((repo / "artifacts/release/manifest.json").read_text())
-    tarball = next((repo / "artifacts/dist").glob("*.tar.gz"))
+    tarball = next((repo / "artifacts/dist").glob("*" + builder.TARBALL_SUFFIX))
     before = hashlib.sha256(row.read_bytes()).hexdigest()
     dvc(repo, "repro", "--force", "--single-item", f"export@{params['lengths'][0]}")
     dvc(repo, "repro", "--force", "--single-item", "release")
@@ -186,7 +187,7 @@ def test_pipeline_end_to_end(pipeline):
     again = json.loads((repo / "artifacts/release/manifest.json").read_text())
     assert again["files"] == manifest["files"] and again["artifacts"].keys() == manifest["artifacts"].keys()
     assert [m.name for m in tarfile_members(tarball)] == [
-        m.name for m in tarfile_members(next((repo / "artifacts/dist").glob("*.tar.gz")))
+        m.name for m in tarfile_members(next((repo / "artifacts/dist").glob("*" + builder.TARBALL_SUFFIX)))
     ]
 
     # a form change: exactly the stages that read the form are stale, nothing upstream
@@ -354,9 +355,7 @@ def test_dvc_refuses_what_it_cannot_parse(pipeline, case):
 
 
 def tarfile_members(path: Path):
-    import tarfile
-
-    with tarfile.open(path) as tar:
+    with builder.open_tarball(path) as tar:
         return tar.getmembers()
 
 
@@ -454,7 +453,7 @@ def test_remote_round_trip(pipeline, pulled_clone):
     for name, entry in files.items():
         assert hashlib.sha256((clone / name).read_bytes()).hexdigest() == entry["sha256"], name
     assert (clone / "model.sig").read_bytes() == (source / "model.sig").read_bytes()
-    assert list((pulled_clone / "artifacts/dist").glob("*.tar.gz"))
+    assert list((pulled_clone / "artifacts/dist").glob("*" + builder.TARBALL_SUFFIX))
     assert "Data and pipelines are up to date." in dvc(pulled_clone, "status")
     key = str(pipeline["public_key"])
     proc = clef(pulled_clone, "verify", "artifacts/release", "--key", key, "--require-signature")
@@ -491,7 +490,9 @@ def test_form_override_reaches_every_stage_that_reads_it(pulled_clone):
             )
     manifest = json.loads((repo / "artifacts/release/manifest.json").read_text())
     assert manifest["form"] == form and manifest["params"]["form"] == form
-    assert [p.name for p in (repo / "artifacts/dist").glob("*.tar.gz")] == [f"{manifest['name']}.tar.gz"]
+    assert [p.name for p in (repo / "artifacts/dist").glob("*" + builder.TARBALL_SUFFIX)] == [
+        manifest["name"] + builder.TARBALL_SUFFIX
+    ]
     assert form in manifest["name"]
     shown = json.loads(dvc(repo, "exp", "show", "--json"))
     assert "r32" in json.dumps(shown) and form in json.dumps(shown)

@@ -28,6 +28,7 @@ from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.pipeline.measure import median_seconds
+from scripts.release import builder
 
 PEAK_N = 4096  # 137 GFLOP per product: ~1 s here, long enough to time, the size of clef-flash's hidden
 REPEATS = 5
@@ -142,7 +143,7 @@ def workspace(ws: Path) -> dict:
         "path": str(ws),
         "commit": commit(ws),
         "graph_bytes": sum(g.stat().st_size for g in graphs),
-        "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*.tar.gz")),
+        "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*" + builder.TARBALL_SUFFIX)),
         "layers": s.get("layers"),
         "fp32_bytes": s.get("fp32_bytes"),
         "stages": stages,
