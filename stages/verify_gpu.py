@@ -1,5 +1,7 @@
 """DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
-LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/checks/gpu_check.py) ->
+LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/checks/gpu_check.py), in sections of at
+most verify_gpu.section_fraction of the stack's weights (scripts/litert/sections.py: the accelerator
+holds several times what it compiles) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
 output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
@@ -10,8 +12,8 @@ import gc
 from scripts.checkpoint import snapshot
 from scripts.checks import gpu_check, model_check, tflite_check
 from scripts.layers import kernel_form
-from scripts.litert import gpu_accelerator, tflite_file
-from scripts.pipeline import atomic, layout, metrics, params
+from scripts.litert import sections, tflite_file
+from scripts.pipeline import atomic, layout, measure, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host
@@ -41,11 +43,14 @@ def main() -> None:
     found = tflite_file.violations(census)
     if found:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
-    for enforce in gpu_check.MODES.values():  # a refused op or no adapter: one line before any torch work
-        gpu_accelerator.compile(path, enforce, census).close()
+    layout.require(layout.result_path("stack"), "stack")
+    graph = sections.SectionedGraph(path, gpu_check.section_bytes(p["verify_gpu"], measure.stack_fp32_bytes()))
+    runs = {mode: gpu_check.ModeRun(graph, enforce, census) for mode, enforce in gpu_check.MODES.items()}
+    for run in runs.values():  # a refused op or no adapter: one line before any torch work
+        run.gate()
 
     # torch first: every reference (the graph in torch, stock float64 and float16, one layer at a time);
-    # then the stack is freed and each mode is compiled in turn, so the weights are never in memory twice
+    # then the stack is freed and each mode runs section by section, so the weights are never in memory twice
     model, _, _ = patch.load(snap, form, progress=False)
     host = Host(snap)
     stock = gpu_check.StockReferences(model)
@@ -70,18 +75,17 @@ def main() -> None:
     del model, stock
     gc.collect()
 
-    rows, accelerated, device = [], {}, None
-    for mode, enforce in gpu_check.MODES.items():
-        compiled = gpu_accelerator.compile(path, enforce, census)
-        one = {mode: compiled}
+    rows = []
+    for mode, run in runs.items():  # one mode at a time, one section at a time
+        one = {mode: run}
         if is_row:
             rows += gpu_check.row_rows(one, refs, records)
         else:
             rows += gpu_check.signature_rows(one, signature_refs)
             rows += gpu_check.chaining_rows(one, host, chaining_refs, P, S, form, shapes)
-        accelerated[mode] = compiled.fully_accelerated
-        device = device or gpu_accelerator.device(compiled)
-        compiled.close()
+    graph.close()
+    accelerated = {mode: run.fully_accelerated for mode, run in runs.items()}
+    device = runs["fp32"].device
     figures, problems = gpu_check.summary(rows, bounds)
     accelerated = all(accelerated.values())
     if not accelerated:
@@ -96,6 +100,11 @@ def main() -> None:
         "device": device,
         "fully_accelerated": accelerated,
         "signatures": sorted(census["signatures"]),
+        "sections": {
+            sig: [{"ops": [sec.ops.start, sec.ops.stop], "constant_bytes": sec.constant_bytes} for sec in plan.sections]
+            for sig, plan in graph.plans.items()
+        },
+        "section_limit_bytes": graph.max_bytes,
         "threshold_fp32": limit,
         "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"],
         **figures,

@@ -170,14 +170,9 @@ def test_verify_pair_fails_on_nan(patched):
     assert any("check=chaining, p=64, s=16: rel_vs_row is inf" in ln for ln in lines), lines
 
 
-class PoisonedCompiled:
-    """Stands in for a GPU compilation whose signature returns a NaN (no adapter needed)."""
-
-    def __init__(self, graph):
-        self.graph = graph
-
-    def signature(self, name=None):
-        return torch_fn(self.graph, poison=True)
+def poisoned_run(graph):
+    """Stands in for a GPU mode whose every output holds a NaN (no adapter needed)."""
+    return lambda signature, feeds: [torch_fn(graph, poison=True)(**f) for f in feeds]
 
 
 def test_verify_gpu_fails_on_nan(patched):
@@ -185,7 +180,7 @@ def test_verify_gpu_fails_on_nan(patched):
     graph = ClefRowPrefill(model, 64).eval()
     records = {"full": (64, host.record(list(range(10, 74)), 64))}
     refs = gpu_check.row_references(model, host, gpu_check.StockReferences(model), records)
-    rows = gpu_check.row_rows({"fp32": PoisonedCompiled(graph), "fp16": PoisonedCompiled(graph)}, refs, records)
+    rows = gpu_check.row_rows({"fp32": poisoned_run(graph), "fp16": poisoned_run(graph)}, refs, records)
     _, problems = gpu_check.summary(
         rows, {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}
     )

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scripts.checks import compare, gpu_check
-from scripts.litert import export, gpu_accelerator, tflite_file
+from scripts.litert import export, gpu_accelerator, sections, tflite_file
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host
@@ -205,7 +205,7 @@ def fc_weight_bytes(path) -> list[int]:
 def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_model, tmp_path, monkeypatch, limit):
     """P=16, S=8: both signatures pad their chunks, which a PAD op got wrong on the GPU. With the
     constant limit lowered to 16 KiB, the tiny MLP weights are split by rows: the blocks are shared by
-    both signatures (the file does not grow) and the pair is as exact."""
+    both signatures (the file does not grow) and the pair, run in sections on the GPU, is as exact."""
     model, host = two_layer_model
     path = tmp_path / "pair.tflite"
     if limit:
@@ -227,8 +227,13 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
     if limit:
         growth = path.stat().st_size - (tmp_path / "whole.tflite").stat().st_size
         assert growth < 0.05 * path.stat().st_size, growth
-    compiled = gpu_check.compile_modes(path, census)
-    assert all(c.fully_accelerated for c in compiled.values())
+    # sections: the file itself, or (with the limit lowered) 256 KiB of constants at a time
+    graph = sections.SectionedGraph(path, 2**18 if limit else 2**40)
+    assert {len(graph.sections(n)) > 1 for n in ("prefix", "suffix")} == {bool(limit)}
+    runs = {mode: gpu_check.ModeRun(graph, enforce, census) for mode, enforce in gpu_check.MODES.items()}
+    for run in runs.values():
+        run.gate()
+        assert run.fully_accelerated and run.device["adapter"]
     refs = gpu_check.signature_references(
         pair_graph.PairPrefix(model, 16).eval(),
         pair_graph.PairSuffix(model, 16, 8).eval(),
@@ -237,7 +242,8 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
         8,
         list(range(3, 27)),
     )
-    rows = gpu_check.signature_rows({"fp32": compiled["fp32"]}, refs)
+    rows = gpu_check.signature_rows({"fp32": runs["fp32"]}, refs)
+    graph.close()
     assert {r["signature"] for r in rows} == {"prefix", "suffix"}
     assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
     assert pair_graph.SLOTS in rows[0]["per_output"]  # every output is compared, the slots too

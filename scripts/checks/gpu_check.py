@@ -18,6 +18,7 @@ import torch
 
 from scripts.checks import compare, layerwise, model_check
 from scripts.litert import gpu_accelerator
+from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import params
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner
@@ -62,9 +63,39 @@ def limits(section) -> dict[str, float]:
     return params.positive_numbers(section, LIMITS, "verify_gpu")
 
 
-def compile_modes(path, census: dict | None = None) -> dict:
-    """{mode: Compiled} for both modes; a refusal is a ClefError from gpu_accelerator.compile."""
-    return {mode: gpu_accelerator.compile(path, enforce, census) for mode, enforce in MODES.items()}
+def section_bytes(section, fp32_stack_bytes: int) -> int:
+    """params.yaml verify_gpu.section_fraction x the stack's fp32 bytes: the most constant bytes the
+    accelerator is given at once (scripts/litert/sections.py)."""
+    fraction = params.positive_number(
+        section.get("section_fraction") if isinstance(section, dict) else None, "verify_gpu.section_fraction"
+    )
+    return max(1, int(fraction * fp32_stack_bytes))
+
+
+class ModeRun:
+    """One mode of the GPU accelerator over a graph cut into sections (sections.SectionedGraph):
+    `run(signature, feeds)` -> one output dict per feed, each section compiled once for the batch.
+    Records whether every section compiled was fully accelerated, and the device."""
+
+    def __init__(self, graph, fp32: bool, census: dict | None = None):
+        self.graph, self.fp32, self.census = graph, fp32, census
+        self.fully_accelerated, self.device, self.compiled = True, None, 0
+
+    def compile(self, path):
+        c = gpu_accelerator.compile(path, self.fp32, self.census)
+        self.fully_accelerated &= c.fully_accelerated
+        self.device = self.device or gpu_accelerator.device(c)
+        self.compiled += 1
+        return c
+
+    def gate(self) -> None:
+        """Compile every section once (a refused op or no adapter is a ClefError here)."""
+        for name in self.graph.plans:
+            for s in self.graph.sections(name):
+                self.compile(s.path).close()
+
+    def __call__(self, signature: str, feeds: list[dict]) -> list[dict]:
+        return self.graph.run(self.compile, signature, feeds)
 
 
 # Each check in two halves: its torch references first (while the stack is loaded), then its rows from
@@ -85,13 +116,15 @@ def row_references(model, host: Host, stock: StockReferences, records: dict) -> 
     return out
 
 
-def row_rows(compiled: dict, references: dict, records: dict) -> list[dict]:
-    """One row per record and mode (`references` from row_references)."""
+def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
+    """One row per record and mode (`references` from row_references); runs: {mode: run(signature,
+    feeds) -> outputs per feed}, e.g. a ModeRun."""
     rows = []
-    for mode, c in compiled.items():
-        for kind, (n, inputs) in records.items():
-            ref = references[kind]
-            outs = c.signature()(**inputs)
+    kinds = list(records)
+    for mode, run in runs.items():
+        outputs = run(DEFAULT_SIGNATURE, [records[kind][1] for kind in kinds])
+        for kind, outs in zip(kinds, outputs, strict=True):
+            n, ref = records[kind][0], references[kind]
             out = outs["hidden"][0, :n]
             row = {
                 "mode": mode,
@@ -120,13 +153,13 @@ def signature_references(prefix_module, suffix_module, host: Host, P: int, S: in
     return {"p": p, "prefix": (prefix_in, ref_prefix), "suffix": (suffix_in, ref_suffix)}
 
 
-def signature_rows(compiled: dict, references: dict) -> list[dict]:
+def signature_rows(runs: dict, references: dict) -> list[dict]:
     """Each signature alone: every output of prefix and suffix vs torch (signature_references)."""
     rows = []
-    for mode, c in compiled.items():
+    for mode, run in runs.items():
         for name in ("prefix", "suffix"):
             inputs, ref = references[name]
-            outs = c.signature(name)(**inputs)
+            outs = run(name, [inputs])[0]
             per_output = {k: compare.figures("vs_torch", outs[k], ref[k], pair_graph.position_dim(k)) for k in ref}
             rows.append(
                 {
@@ -162,16 +195,25 @@ def chaining_references(model, host: Host, stock: StockReferences, P: int, S: in
 
 
 def chaining_rows(
-    compiled: dict, host: Host, references: list[dict], P: int, S: int, form: str, state_shapes: dict
+    runs: dict, host: Host, references: list[dict], P: int, S: int, form: str, state_shapes: dict
 ) -> list[dict]:
-    """suffix(prefix(x[:p]), x[p:p+s]) on the GPU vs the row graph (fp32) and stock float64 (fp16)."""
+    """suffix(prefix(x[:p]), x[p:p+s]) on the GPU vs the row graph (fp32) and stock float64 (fp16):
+    every prefix as one batch, then every suffix."""
     rows = []
-    for mode, c in compiled.items():
-        runner = PairRunner(host, c.signature("prefix"), c.signature("suffix"), P, S, form, state_shapes)
-        for ref in references:
-            p, s, ids = ref["p"], ref["s"], ref["ids"]
-            prefix_hidden, state = runner.prefix(ids[:p])
-            out = runner.suffix(state, ids[p:])[0]
+    pair = PairRunner(host, None, None, P, S, form, state_shapes)
+    for mode, run in runs.items():
+        prefixes = run("prefix", [pair.prefix_inputs(ref["ids"][: ref["p"]]) for ref in references])
+        states = [pair.prefix_result(dict(out), ref["p"]) for out, ref in zip(prefixes, references, strict=True)]
+        suffixes = run(
+            "suffix",
+            [
+                pair.suffix_inputs(state, ref["ids"][ref["p"] :])
+                for (_, state), ref in zip(states, references, strict=True)
+            ],
+        )
+        for ref, (prefix_hidden, state), outs in zip(references, states, suffixes, strict=True):
+            p, s = ref["p"], ref["s"]
+            out = outs["hidden"][0, :s]
             r = {
                 "mode": mode,
                 "check": "chaining",

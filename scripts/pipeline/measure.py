@@ -131,13 +131,20 @@ def stage_name(argv: list[str] | None = None) -> str:
     return f"{module}@{'_'.join(values)}" if values else module
 
 
+def stack_fp32_bytes(root: str = ".") -> int | None:
+    """The fp32 stack's bytes (results/stack.json, written by the `stack` stage), None before it exists."""
+    from scripts.pipeline import layout
+
+    stack = Path(root) / layout.result_path("stack")
+    return json.loads(stack.read_text())["fp32_bytes"] if stack.is_file() else None
+
+
 def memory_budget(anon_peak_bytes: int, root: str = ".") -> dict:
     """The stage's peak anonymous memory against params.yaml `memory` and the stack's fp32 bytes."""
-    from scripts.pipeline import layout, params
+    from scripts.pipeline import params
 
     budget = params.load(["memory"], Path(root) / "params.yaml")["memory"]
-    stack = Path(root) / layout.result_path("stack")
-    fp32 = json.loads(stack.read_text())["fp32_bytes"] if stack.is_file() else None
+    fp32 = stack_fp32_bytes(root)
     limit = int(float(budget["factor"]) * (fp32 or 0) + float(budget["overhead_gib"]) * 2**30)
     return {**budget, "fp32_stack_bytes": fp32, "limit_bytes": limit, "within": anon_peak_bytes <= limit}
 

@@ -222,7 +222,12 @@ SCHEMA = {
         }
     ),
     "verify_gpu": mapping(
-        {"max_rel_fp32": THRESHOLD, "max_rel_per_position_fp32": THRESHOLD, "fp16_max_over_floor": positive_number}
+        {
+            "max_rel_fp32": THRESHOLD,
+            "max_rel_per_position_fp32": THRESHOLD,
+            "fp16_max_over_floor": positive_number,
+            "section_fraction": positive_number,
+        }
     ),
     "release": mapping(
         {"host_weights": one_of(*HOST_WEIGHT_MODES), "signing_key": optional_path, "max_over_recorded": factor}

@@ -203,13 +203,22 @@ class PairRunner:
         self.state_shapes = state_shapes  # name -> shape the suffix expects
 
     def prefix(self, ids) -> tuple[torch.Tensor, PairState]:
+        return self.prefix_result(self.prefix_fn(**self.prefix_inputs(ids)), len(ids))
+
+    def prefix_inputs(self, ids) -> dict:
         if len(ids) > self.P:
             raise ClefError(f"a prefix of {len(ids)} tokens is longer than the pair's P={self.P}")
-        out = self.prefix_fn(**self.host.record(ids, self.P))
+        return self.host.record(ids, self.P)
+
+    def prefix_result(self, out: dict, n: int) -> tuple[torch.Tensor, PairState]:
+        """The prefix signature's outputs for n real tokens -> (hidden [1, n, H], the state)."""
         hidden = out.pop("hidden")
-        return hidden[:, : len(ids)], PairState(out, self.form, self.vs, len(ids))
+        return hidden[:, :n], PairState(out, self.form, self.vs, n)
 
     def suffix(self, state: PairState, ids) -> torch.Tensor:
+        return self.suffix_fn(**self.suffix_inputs(state, ids))["hidden"][:, : len(ids)]
+
+    def suffix_inputs(self, state: PairState, ids) -> dict:
         if len(ids) > self.S:
             raise ClefError(f"a suffix of {len(ids)} tokens is longer than the pair's S={self.S}")
         if state.vs != self.vs:
@@ -224,8 +233,7 @@ class PairRunner:
                     f"state tensor {name} has shape {None if got is None else list(got.shape)}, "
                     f"the suffix takes {list(shape)}"
                 )
-        inputs = {**self.host.record(ids, self.S, start=state.real_length), **state.tensors}
-        return self.suffix_fn(**inputs)["hidden"][:, : len(ids)]
+        return {**self.host.record(ids, self.S, start=state.real_length), **state.tensors}
 
 
 def litert_signature(runner):

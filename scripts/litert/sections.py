@@ -1,0 +1,283 @@
+"""A `.tflite` graph cut into sections, run one section at a time: the graph's own ops and weights,
+for an accelerator that cannot hold the whole graph.
+
+LiteRT's GPU accelerator holds several times a graph's weights while it compiles it (on lavapipe,
+the software Vulkan driver, the GPU's memory is the host's: README, "Memory"), so a real-width graph
+does not fit where its CPU checks do. `plan` cuts each signature's ops, in their order, into
+sections whose constants stay under a byte limit, each cut placed where the fewest tensors cross;
+`write` makes a section a model of its own: the section's ops, exactly the constants they read
+(copied from the graph file), and as inputs and outputs the tensors that cross its edges (named
+`t<index>` after the tensor in the graph). `SectionedGraph.run` feeds a batch of inputs through the
+sections in order, compiling one section at a time and keeping only the crossing tensors, so what
+it computes is what the whole graph computes, op for op.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import mmap
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.tools import flatbuffer_utils
+
+from scripts.litert import tflite_file
+
+PLACEHOLDER_OFFSET = 1 << 40  # a non-default offset, so the trial head has the final head's length
+
+
+def tensor_name(index: int) -> str:
+    return f"t{index}"
+
+
+def _constants(model) -> dict[int, int]:
+    """{buffer index: bytes} of every buffer that holds data (inline or external)."""
+    out = {}
+    for i, b in enumerate(model.buffers or []):
+        size = len(b.data) if b.data is not None else (b.size if b.offset > 1 else 0)
+        if size:
+            out[i] = size
+    return out
+
+
+@dataclass
+class Section:
+    ops: range
+    inputs: list[int]  # tensor indices in the graph's subgraph
+    outputs: list[int]
+    constant_bytes: int
+    path: Path | None = None
+
+
+@dataclass
+class SignaturePlan:
+    name: str
+    subgraph: int
+    inputs: dict[str, int]  # signature name -> tensor index
+    outputs: dict[str, int]
+    sections: list[Section] = field(default_factory=list)
+
+
+def _reads(op) -> list[int]:
+    return [int(t) for t in (op.inputs if op.inputs is not None else []) if t >= 0]
+
+
+def _writes(op) -> list[int]:
+    return [int(t) for t in (op.outputs if op.outputs is not None else []) if t >= 0]
+
+
+def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int) -> list[Section]:
+    """Cut subgraph `sg_index` into sections whose constants are each <= max_bytes where possible (an
+    op whose own constants are larger gets a section alone); each cut, among the boundaries that keep
+    the section within the limit, is where the fewest tensors cross."""
+    sg = model.subgraphs[sg_index]
+    const = _constants(model)
+    tensor_bytes = {t: const.get(tensor.buffer, 0) for t, tensor in enumerate(sg.tensors)}
+    ops = sg.operators
+    n = len(ops)
+    produced = {t: i for i, op in enumerate(ops) for t in _writes(op)}
+    last_read = {}
+    for i, op in enumerate(ops):
+        for t in _reads(op):
+            last_read[t] = i
+    for t in outputs:
+        last_read[t] = n
+    # crossing[b]: the tensors computed before op b (graph inputs: "before op 0") and read from op b on
+    # and unfit[b]: how many of them a cut at b cannot carry, so it is not taken: a tensor that is not
+    # float32 (the runner feeds and reads float32), or one the section before b also reads after
+    # computing it (LiteRT's GPU accelerator fuses such a tensor into its consumer and leaves the
+    # output unwritten: tests/test_sections.py)
+    first_read = {}
+    for i, op in enumerate(ops):
+        for t in _reads(op):
+            if i > produced.get(t, -1):
+                first_read.setdefault(t, i)
+    steps = {"all": [0] * (n + 2), "unfit": [0] * (n + 2)}
+
+    def mark(key: str, lo: int, hi: int) -> None:
+        lo, hi = max(lo, 1), min(hi, n - 1)
+        if lo <= hi:
+            steps[key][lo] += 1
+            steps[key][hi + 1] -= 1
+
+    for t, last in last_read.items():
+        if tensor_bytes[t]:
+            continue
+        mark("all", produced.get(t, -1) + 1, last)
+        if sg.tensors[t].type != schema.TensorType.FLOAT32:
+            mark("unfit", produced.get(t, -1) + 1, last)
+        elif t in produced and t in first_read:
+            mark("unfit", first_read[t] + 1, last)
+    crossing, unfit = (list(itertools.accumulate(steps[k][: n + 1])) for k in ("all", "unfit"))
+
+    def section_bytes(start: int, end: int) -> int:
+        seen = {t for op in ops[start:end] for t in _reads(op) if tensor_bytes[t]}
+        return sum(tensor_bytes[t] for t in seen)
+
+    cuts, start = [0], 0
+    while start < n:
+        end, seen, size = start, set(), 0
+        while end < n:
+            new = {t for t in _reads(ops[end]) if tensor_bytes[t] and t not in seen}
+            grown = size + sum(tensor_bytes[t] for t in new)
+            if grown > max_bytes and end > start:
+                break
+            seen |= new
+            size, end = grown, end + 1
+        if end < n:  # the best boundary in (start, end]: fewest crossing tensors, the latest on a tie
+            # (from half-way on: a cut early in the range would leave a section of a few ops)
+            end = min(range(start + 1 + (end - start) // 2, end + 1), key=lambda b: (unfit[b] > 0, crossing[b], -b))
+            while end < n and unfit[end]:  # no boundary fit for a cut within the limit: the next one
+                end += 1
+        cuts.append(end)
+        start = end
+    sections = []
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        inside = {t for op in ops[a:b] for t in _writes(op)}
+        reads = [t for op in ops[a:b] for t in _reads(op)]
+        ins = list(dict.fromkeys(t for t in reads if not tensor_bytes[t] and t not in inside))
+        outs = sorted(t for t in inside if last_read.get(t, -1) >= b)
+        sections.append(Section(range(a, b), ins, outs, section_bytes(a, b)))
+    return sections
+
+
+def plan(head: bytes, max_bytes: int) -> list[SignaturePlan]:
+    """One SignaturePlan per signature of the model whose flatbuffer head is `head`."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
+    plans = []
+    for sig in model.signatureDefs or []:
+        ins = {_name(e.name): int(e.tensorIndex) for e in sig.inputs}
+        outs = {_name(e.name): int(e.tensorIndex) for e in sig.outputs}
+        p = SignaturePlan(_name(sig.signatureKey), int(sig.subgraphIndex), ins, outs)
+        p.sections = plan_subgraph(model, p.subgraph, list(outs.values()), max_bytes)
+        plans.append(p)
+    return plans
+
+
+def _name(x) -> str:
+    return x.decode() if isinstance(x, bytes) else (x or "")
+
+
+def write(source: Path, model, mm, sg_index: int, section: Section, dst: Path) -> None:
+    """Section `section` of subgraph `sg_index` of `model` (the graph's object-API head; `mm` its file,
+    mapped) as a model file `dst`: one signature, `serving_default`, from the crossing tensors to
+    the crossing tensors, its constants stored after the flatbuffer (as the converter stores weights)."""
+    sg = model.subgraphs[sg_index]
+    const = _constants(model)
+    ops = [sg.operators[i] for i in section.ops]
+    used = list(dict.fromkeys(t for op in ops for t in [*_reads(op), *_writes(op)]))
+    index = {t: i for i, t in enumerate(used)}
+    out = schema.ModelT()
+    out.version, out.description = model.version, f"section {section.ops.start}:{section.ops.stop} of {source.name}"
+    out.operatorCodes = model.operatorCodes
+    out.buffers = [schema.BufferT()]
+    data = []  # (buffer in `out`, bytes of the source buffer)
+    tensors = []
+    for t in used:
+        tensor = copy.copy(sg.tensors[t])
+        if tensor.buffer in const:
+            b = schema.BufferT()
+            b.offset, b.size = PLACEHOLDER_OFFSET, const[tensor.buffer]
+            out.buffers.append(b)
+            data.append((b, model.buffers[tensor.buffer]))
+            tensor.buffer = len(out.buffers) - 1
+        else:
+            tensor.buffer = 0
+        tensors.append(tensor)
+    sub = schema.SubGraphT()
+    sub.tensors, sub.name = tensors, sg.name
+    sub.operators = []
+    for op in ops:
+        o = copy.copy(op)
+        o.inputs = [index[int(t)] if t >= 0 else -1 for t in op.inputs]
+        o.outputs = [index[int(t)] for t in op.outputs]
+        sub.operators.append(o)
+    sub.inputs = [index[t] for t in section.inputs]
+    sub.outputs = [index[t] for t in section.outputs]
+    out.subgraphs = [sub]
+    sig = schema.SignatureDefT()
+    sig.signatureKey, sig.subgraphIndex = "serving_default", 0
+
+    def entries(ts):
+        maps = []
+        for t in ts:
+            m = schema.TensorMapT()
+            m.name, m.tensorIndex = tensor_name(t), index[t]
+            maps.append(m)
+        return maps
+
+    sig.inputs, sig.outputs = entries(section.inputs), entries(section.outputs)
+    out.signatureDefs = [sig]
+    head_len = len(flatbuffer_utils.convert_object_to_bytearray(out))
+    offset = -(-head_len // tflite_file.DATA_ALIGN) * tflite_file.DATA_ALIGN
+    for b, _ in data:
+        b.offset = offset
+        offset = -(-(offset + b.size) // tflite_file.DATA_ALIGN) * tflite_file.DATA_ALIGN
+    head = bytes(flatbuffer_utils.convert_object_to_bytearray(out))
+    assert len(head) == head_len
+    with open(dst, "wb") as f:
+        f.write(head)
+        for b, src in data:
+            f.write(bytes(b.offset - f.tell()))
+            if src.data is not None:
+                f.write(np.asarray(src.data, dtype=np.uint8).tobytes())
+            else:
+                f.write(mm[src.offset : src.offset + src.size])
+
+
+class SectionedGraph:
+    """Graph `path` cut into sections of at most `max_bytes` of constants each (in a temporary
+    directory, removed by close()); one section, when the whole graph is within the limit, is the
+    graph file itself."""
+
+    def __init__(self, path, max_bytes: int):
+        self.path, self.max_bytes = Path(path), max_bytes
+        self._dir = tempfile.TemporaryDirectory(prefix="clef-sections-")
+        head = tflite_file.read_head(self.path)
+        self.plans = {p.name: p for p in plan(head, max_bytes)}
+        model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            for p in self.plans.values():
+                if len(p.sections) == 1:
+                    p.sections[0].path = self.path
+                    continue
+                for k, s in enumerate(p.sections):
+                    s.path = Path(self._dir.name) / f"{p.name}_{k}.tflite"
+                    write(self.path, model, mm, p.subgraph, s, s.path)
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+    def sections(self, signature: str) -> list[Section]:
+        return self.plans[signature].sections
+
+    def run(self, compile_section, signature: str, feeds: list[dict]) -> list[dict]:
+        """Each of `feeds` ({signature input name: array}) through `signature`'s sections in order ->
+        [{signature output name: array}]. compile_section(path) -> an object with .signature() (a
+        callable on named arrays or tensors) and .close(); each section is compiled once for the
+        whole batch and closed before the next."""
+        p = self.plans[signature]
+        whole = len(p.sections) == 1 and p.sections[0].path == self.path
+        values = [{p.inputs[k]: v for k, v in feed.items()} for feed in feeds]
+        for k, s in enumerate(p.sections):
+            compiled = compile_section(s.path)
+            try:
+                run = compiled.signature(signature if whole else None)
+                for v in values:
+                    if whole:
+                        out = run(**{k: v[t] for k, t in p.inputs.items()})
+                        v.update({p.outputs[k]: x for k, x in out.items()})
+                    else:
+                        out = run(**{tensor_name(t): v[t] for t in s.inputs})
+                        v.update({int(k[1:]): x for k, x in out.items()})
+            finally:
+                compiled.close()
+            later = {t for s2 in p.sections[k + 1 :] for t in s2.inputs} | set(p.outputs.values())
+            for v in values:
+                for t in [t for t in v if t not in later]:
+                    del v[t]
+        return [{k: v[t] for k, t in p.outputs.items()} for v in values]
