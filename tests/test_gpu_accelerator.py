@@ -315,6 +315,7 @@ def test_no_vulkan_adapter_is_one_line_and_writes_nothing(workdir, tmp_path):
     graph = workdir / "artifacts" / "rows" / "row_L64.tflite"
     graph.parent.mkdir(parents=True)
     graph.write_bytes(toy_graph(tmp_path, "clean").read_bytes())
+    (workdir / "results" / "stack.json").write_text('{"fp32_bytes": 1000000}')  # sizes the GPU sections
     proc = run_verify_gpu(
         workdir,
         "--length",

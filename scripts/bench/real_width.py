@@ -28,10 +28,11 @@ OVERRIDES = {
     "pairs": [{"prefix": 64, "suffix": 64}, {"prefix": 256, "suffix": 64}],
 }
 # Disk the run writes, in units of the fp32 stack: the bf16 snapshot 0.5; per graph, the graph 1, its
-# copy in the release 1 (where hard links fail) and its share of the tarball ~0.6 (fp32 noise barely
-# compresses); a scratch graph of export_stock / export_bench 1 and the raw file beside a graph while
-# its metadata is embedded 1. DVC's cache hardlinks (.dvc/config), so it adds nothing.
-DISK_FIXED, DISK_PER_GRAPH = 2.5, 2.6
+# copy in the release 1 (where hard links fail) and its share of the tarball ~0.6 (bf16-widened noise
+# keeps about half its bytes); a scratch graph of export_stock / export_bench 1, the raw file beside a
+# graph while its metadata is embedded 1, and a graph's sections while verify_gpu runs 1. DVC's cache
+# hardlinks (.dvc/config), so it adds nothing.
+DISK_FIXED, DISK_PER_GRAPH = 3.5, 2.6
 DISK_MARGIN = 2 * 2**30
 
 
