@@ -106,3 +106,19 @@ def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
 def test_interpolation_extends_beyond_the_measured_sizes():
     assert report.interpolated({64: 1.0, 256: 4.0}, 320) == 5.0
     assert report.interpolated({64: 1.0}, 256) == 1.0
+
+
+def test_runtime_records_are_named_as_the_pipeline_names_the_stage(tmp_path):
+    """verify_gpu's module runs two stages: its records join verify_gpu_row@L and verify_gpu_pair@P_S."""
+    runtime = tmp_path / "results" / "runtime"
+    runtime.mkdir(parents=True)
+    for name in ("verify_gpu@64", "verify_gpu@256_64", "export@64", "stack"):
+        (runtime / f"{name}.json").write_text(
+            '{"seconds": 1.0, "peak_rss_bytes": 1, "peak_anon_bytes": 1, "finished_utc": "x"}'
+        )
+    assert sorted(report.stage_records(tmp_path)) == [
+        "export@64",
+        "stack",
+        "verify_gpu_pair@256_64",
+        "verify_gpu_row@64",
+    ]

@@ -68,9 +68,22 @@ def graph_rate(ws: Path, length: int) -> dict:
     }
 
 
+def pipeline_name(record: str) -> str:
+    """A runtime record's name (measure.stage_name: the module and its arguments) -> the pipeline's name
+    for the stage: one module, verify_gpu, runs two stages, verify_gpu_row@L and verify_gpu_pair@P_S."""
+    base, _, args = record.partition("@")
+    if base == "verify_gpu" and args:
+        return f"verify_gpu_{'pair' if '_' in args else 'row'}@{args}"
+    return record
+
+
 def stage_records(ws: Path) -> dict:
     runtime = ws / layout.RUNTIME
-    records = {p.stem: json.loads(p.read_text()) for p in sorted(runtime.glob("*.json"))} if runtime.is_dir() else {}
+    records = (
+        {pipeline_name(p.stem): json.loads(p.read_text()) for p in sorted(runtime.glob("*.json"))}
+        if runtime.is_dir()
+        else {}
+    )
     out = {}
     for name, r in records.items():
         out[name] = {
