@@ -90,9 +90,9 @@ def test_each_section_holds_its_own_constants_within_the_limit_and_crosses_in_fl
         tensors, ops = head.subgraphs[0].tensors, head.subgraphs[0].operators
         for s in plan:
             assert all(tensors[t].type == schema.TensorType.FLOAT32 for t in s.inputs + s.outputs), s
-            read_inside = {int(t) for j in s.ops for t in ops[j].inputs}
-            # no cut carries a tensor the section reads itself (see below); the graph's own outputs aside
-            assert not read_inside & (set(s.outputs) - {int(t) for t in head.subgraphs[0].outputs}), s
+            # no cut carries a tensor one op of the section reads (see below); the graph's own outputs aside
+            for t in set(s.outputs) - {int(t) for t in head.subgraphs[0].outputs}:
+                assert sum(t in {int(i) for i in ops[j].inputs} for j in s.ops) != 1, (s, t)
             census = tflite_file.census(s.path)
             assert census["op_total"] == len(s.ops) and census["max_constant_bytes"] == 1024 * 4
         assert sum(len(s.ops) for s in plan) == len(ops)
@@ -129,48 +129,56 @@ def fake_model(ops: list[tuple[list[int], list[int]]], constants: dict[int, int]
     return NS(buffers=buffers, subgraphs=[NS(tensors=tensors, operators=[NS(inputs=i, outputs=o) for i, o in ops])])
 
 
-def test_no_cut_where_a_crossing_tensor_is_also_read_before_it():
+def test_no_cut_where_a_crossing_tensor_has_one_reader_before_it():
     """x -> a (W1); b = f(a) (W2); c = g(a, b) (W3); d = h(c) (W4), 100-byte weights, limit 250: the cut
-    within the limit (before c) would carry `a`, which b reads inside the section; the next cut is taken."""
+    within the limit (before c) would carry `a`, which b alone reads inside the section; the next cut
+    is taken. With a second reader of `a` before the cut (e: another op on a), it is taken."""
     ops = [([0, 1], [10]), ([10, 2], [11]), ([10, 11, 3], [12]), ([12, 4], [13])]
-    model = fake_model(ops, {1: 100, 2: 100, 3: 100, 4: 100}, 14)
+    model = fake_model(ops, {1: 100, 2: 100, 3: 100, 4: 100}, 15)
     plan = sections.plan_subgraph(model, 0, [13], max_bytes=250)
     assert [(s.ops.start, s.ops.stop) for s in plan] == [(0, 3), (3, 4)]
     assert plan[0].outputs == [12] and plan[1].inputs == [12] and plan[0].constant_bytes == 300
+    two = [([0, 1], [10]), ([10], [14]), ([10, 14, 2], [11]), ([10, 11, 3], [12]), ([12, 4], [13])]
+    plan = sections.plan_subgraph(fake_model(two, {1: 100, 2: 100, 3: 100, 4: 100}, 15), 0, [13], max_bytes=250)
+    assert [(s.ops.start, s.ops.stop) for s in plan] == [(0, 3), (3, 5)] and plan[0].outputs == [10, 11]
 
 
 class ScaleThenLinear(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, readers: int):
         super().__init__()
         torch.manual_seed(0)
         self.scale = torch.nn.Parameter(torch.randn(1, 1, 128))
-        self.lin = torch.nn.Linear(128, 32, bias=False)
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(128, 32, bias=False) for _ in range(readers))
 
     def forward(self, x):
-        return {"z": self.lin(x * self.scale)}
+        scaled = x * self.scale
+        return {"z": sum(lin(scaled) for lin in self.lins)}
 
 
 @pytest.mark.slow  # the GPU accelerator
-def test_an_output_the_section_also_reads_is_left_unwritten_on_the_gpu(tmp_path):
-    """Why the planner takes no cut where a tensor the section reads itself would cross: the
-    accelerator fuses the MUL into the FULLY_CONNECTED and never writes the MUL's output."""
+@pytest.mark.parametrize("readers", [1, 2])
+def test_an_output_one_op_of_the_section_reads_is_left_unwritten_on_the_gpu(tmp_path, readers):
+    """Why the planner takes no cut where a tensor that one op of the section reads would cross: the
+    accelerator fuses the MUL into the FULLY_CONNECTED and never writes the MUL's output. Read by two
+    FULLY_CONNECTEDs, it is written."""
     import mmap
 
     from scripts.litert import gpu_accelerator
 
     path, x = tmp_path / "g.tflite", torch.randn(1, 8, 128)
-    export.convert(ScaleThenLinear().eval(), {"x": x}, path)
+    module = ScaleThenLinear(readers).eval()
+    export.convert(module, {"x": x}, path)
     head = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
     sg = head.subgraphs[0]
-    assert [tflite_file.op_name(head, op) for op in sg.operators] == ["MUL", "FULLY_CONNECTED"]
+    assert [tflite_file.op_name(head, op) for op in sg.operators][:2] == ["MUL", "FULLY_CONNECTED"]
     scaled, z, x_in = int(sg.operators[0].outputs[0]), int(sg.outputs[0]), int(sg.inputs[0])
-    section = sections.Section(range(2), [x_in], [scaled, z], 0)
+    section = sections.Section(range(len(sg.operators)), [x_in], [scaled, z], 0)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         sections.write(path, head, mm, 0, section, tmp_path / "s.tflite")
     feeds = {sections.tensor_name(x_in): x}
     want = whole_graph(tmp_path / "s.tflite", feeds)  # the CPU writes both
     got = gpu_accelerator.compile(tmp_path / "s.tflite", True).signature()(**feeds)
     name = sections.tensor_name(scaled)
-    assert torch.allclose(want[name], x * ScaleThenLinear().scale.detach())
+    assert torch.allclose(want[name], x * module.scale.detach())
     assert torch.allclose(got[sections.tensor_name(z)], want[sections.tensor_name(z)], atol=1e-5)
-    assert not torch.allclose(got[name], want[name], atol=1e-3)  # unwritten
+    assert torch.allclose(got[name], want[name], atol=1e-5) == (readers == 2)  # one reader: unwritten

@@ -5,11 +5,13 @@ LiteRT's GPU accelerator holds several times a graph's weights while it compiles
 the software Vulkan driver, the GPU's memory is the host's: README, "Memory"), so a real-width graph
 does not fit where its CPU checks do. `plan` cuts each signature's ops, in their order, into
 sections whose constants stay under a byte limit, each cut placed where the fewest tensors cross;
-`write` makes a section a model of its own: the section's ops, exactly the constants they read
-(copied from the graph file), and as inputs and outputs the tensors that cross its edges (named
-`t<index>` after the tensor in the graph). `SectionedGraph.run` feeds a batch of inputs through the
-sections in order, compiling one section at a time and keeping only the crossing tensors, so what
-it computes is what the whole graph computes, op for op.
+no cut carries a tensor that is not float32, or one that a single op of the section before it reads
+(the accelerator would fuse the tensor into that op and not write it). `write` makes a section a
+model of its own: the section's ops, exactly the constants they read (copied from the graph file),
+and as inputs and outputs the tensors that cross its edges (named `t<index>` after the tensor in the
+graph). `SectionedGraph.run` feeds a batch of inputs through the sections in order, compiling one
+section at a time and keeping only the crossing tensors, so what it computes is what the whole graph
+computes, op for op.
 """
 
 from __future__ import annotations
@@ -88,14 +90,13 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int) -> l
         last_read[t] = n
     # crossing[b]: the tensors computed before op b (graph inputs: "before op 0") and read from op b on
     # and unfit[b]: how many of them a cut at b cannot carry, so it is not taken: a tensor that is not
-    # float32 (the runner feeds and reads float32), or one the section before b also reads after
-    # computing it (LiteRT's GPU accelerator fuses such a tensor into its consumer and leaves the
-    # output unwritten: tests/test_sections.py)
-    first_read = {}
+    # float32 (the runner feeds and reads float32), or one that exactly one op of the section before b
+    # reads (LiteRT's GPU accelerator fuses such a tensor into its one consumer and leaves the output
+    # unwritten; with two consumers it is written: tests/test_sections.py)
+    readers: dict[int, list[int]] = {}
     for i, op in enumerate(ops):
-        for t in _reads(op):
-            if i > produced.get(t, -1):
-                first_read.setdefault(t, i)
+        for t in dict.fromkeys(_reads(op)):
+            readers.setdefault(t, []).append(i)
     steps = {"all": [0] * (n + 2), "unfit": [0] * (n + 2)}
 
     def mark(key: str, lo: int, hi: int) -> None:
@@ -110,8 +111,8 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int) -> l
         mark("all", produced.get(t, -1) + 1, last)
         if sg.tensors[t].type != schema.TensorType.FLOAT32:
             mark("unfit", produced.get(t, -1) + 1, last)
-        elif t in produced and t in first_read:
-            mark("unfit", first_read[t] + 1, last)
+        elif t in produced and len(readers.get(t, [])) > 1:  # one reader before b: b in (1st, 2nd reader]
+            mark("unfit", readers[t][0] + 1, readers[t][1])
     crossing, unfit = (list(itertools.accumulate(steps[k][: n + 1])) for k in ("all", "unfit"))
 
     def section_bytes(start: int, end: int) -> int:
