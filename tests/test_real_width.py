@@ -3,6 +3,7 @@ valid for every stage, and the clef-flash extrapolation scales what grows with t
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from scripts.bench import real_width, report
@@ -82,6 +83,8 @@ def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
             "verify_model": f(320.0, 35.0),
             "release": f(40.0, 1.0),
             "export_bench": f(50.0, 5.0),
+            "verify_gpu_row@64": f(600.0, 20.0),
+            "verify_gpu_row@256": f(1800.0, 21.0),
         },
         "memory_budget_gib": 34.5,
     }
@@ -98,6 +101,7 @@ def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
     assert s["release"]["seconds"] == 40.0 * 6 / 4
     assert s["export_bench"]["seconds"] == 50.0
     assert out["seconds"] == sum(v["seconds"] for v in s.values())
+    assert out["gpu_hours"] * 3600 == pytest.approx(600.0 + 1000.0 + 1800.0)  # @128 interpolated
     assert out["peak_anon_stage"] == "verify_model" and out["peak_anon_gib"] == 35.0
     assert out["within_budget"] is False  # 35 > 34.5: the check can fail
     assert report.default_pipeline({**clef, "memory_budget_gib": 36.0}, measured, default)["within_budget"] is True

@@ -178,6 +178,7 @@ PER_LENGTH = ("export", "verify_tflite", "verify_gpu_row")  # one stage per L
 PER_PAIR = ("export_pair", "verify_pair", "verify_gpu_pair")  # one stage per pair, sized by P + S
 BY_LENGTHS = ("verify_model",)  # one stage over every L: its work grows with the sum of the lengths
 BY_GRAPHS = ("release",)  # hashes and packs every graph
+GPU_STAGES = ("verify_gpu_row", "verify_gpu_pair")  # on this machine, the software GPU (lavapipe): CPU-bound
 
 
 def stage_size(name: str) -> tuple[str, int | None]:
@@ -282,6 +283,7 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
     peaks = {n: f["peak_anon_gib"] for n, f in stages.items() if f.get("peak_anon_gib") is not None}
     top = max(peaks, key=peaks.get) if peaks else None
     seconds = sum(f["seconds"] for f in stages.values())
+    gpu = sum(f["seconds"] for n, f in stages.items() if stage_size(n)[0] in GPU_STAGES)
     budget = clef.get("memory_budget_gib")
     return {
         "lengths": lengths,
@@ -289,6 +291,7 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
         "stages": stages,
         "seconds": seconds,
         "hours": seconds / 3600,
+        "gpu_hours": gpu / 3600,
         "peak_anon_gib": peaks.get(top),
         "peak_anon_stage": top,
         "memory_budget_gib": budget,

@@ -220,7 +220,7 @@ def real_run_table(bench: dict) -> str:
     graphs = len(run["lengths"]) + len(run["pairs"])
     per_graph = clef["row_graph_bytes_per_L"]
     ratio = real["tarball_bytes"] / real["graph_bytes"] if real.get("graph_bytes") else None
-    disk = clef["snapshot_bytes"] + graphs * per_graph * (1 + (ratio or 0)) + per_graph
+    disk = clef["snapshot_bytes"] + graphs * per_graph * (1 + (ratio or 0)) + 2 * per_graph
     ops = real["ops_per_gdn_layer"]
     within = "within" if run["within_budget"] else "**over**"
     missing = real.get("stages_not_finished") or []
@@ -241,7 +241,13 @@ def real_run_table(bench: dict) -> str:
         [
             "time",
             f"{run['hours']:.1f} h on {bench['machine']['cores']} cores for the default {len(run['lengths'])} L and "
-            f"{len(run['pairs'])} pairs, download excluded{partial}",
+            f"{len(run['pairs'])} pairs, download excluded"
+            + (
+                f", of which {run['gpu_hours']:.1f} h `verify_gpu` on the software GPU (lavapipe)"
+                if run.get("gpu_hours")
+                else ""
+            )
+            + partial,
             f"extrapolated: {blocks} x the real-width time (an upper bound), L and pairs the run did not have "
             "interpolated; the first-block benchmark and the kernel stages as measured",
         ],
@@ -255,7 +261,7 @@ def real_run_table(bench: dict) -> str:
             "disk, default params",
             f"~{disk / 1e9:.0f} GB: snapshot + {graphs} graphs + "
             + ("tarball + " if ratio else "")
-            + "one scratch graph"
+            + "two scratch graphs (a conversion's raw file, verify_gpu's sections)"
             + ("" if ratio else ", and the tarball (not measured)"),
             "sum of the above",
         ],
