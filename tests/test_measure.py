@@ -7,6 +7,8 @@ import mmap
 import time
 from pathlib import Path
 
+import pytest
+
 from scripts.pipeline import measure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +53,27 @@ def test_anon_peak_is_sampled_while_this_process_holds_the_gil():
     finally:
         sys.setswitchinterval(interval)
     assert sampler.stop() >= before + 280 * MB
+
+
+@pytest.mark.parametrize("ending", ["stage refuses its input", "process dies unstopped"])
+def test_the_sampler_leaves_nothing_on_the_stage_stderr(ending):
+    """A stage that refuses bad input exits through run_stage's context; a process killed outright
+    never stops its sampler, which then finds a zombie or nothing, and a closed pipe. Either way the
+    stage's stderr holds only the stage's own line (before, a sampler's traceback followed it)."""
+    import subprocess
+    import sys
+
+    body = {
+        "stage refuses its input": "from scripts.pipeline.errors import ClefError, run_stage\n"
+        "def main():\n    raise ClefError('bad input')\nrun_stage(main, budget=False)",
+        "process dies unstopped": "import os, time\nfrom scripts.pipeline import measure\n"
+        "measure.AnonPeak().start()\ntime.sleep(0.2)\nos._exit(3)",
+    }[ending]
+    # the sampler inherits the stderr pipe, so this returns only once the sampler has exited too
+    proc = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == (2 if ending.startswith("stage") else 3), proc
+    expected = ["error: bad input"] if ending.startswith("stage") else []
+    assert proc.stderr.splitlines() == expected, proc.stderr
 
 
 def test_shared_memory_counts_as_anonymous():

@@ -33,9 +33,10 @@ def run_stage(main: Callable[[], None], budget: bool = True) -> None:
     def measured() -> None:
         from scripts.pipeline.measure import AnonPeak, over_budget, record_runtime
 
-        sampler = AnonPeak().start()
-        main()
-        problem = over_budget(record_runtime(sampler.stop(), budget=budget)) if budget else None
+        with AnonPeak() as sampler:
+            main()
+            peak = sampler.stop()
+        problem = over_budget(record_runtime(peak, budget=budget)) if budget else None
         if problem:
             raise ClefError(problem)
 

@@ -37,38 +37,49 @@ def peak_rss_bytes() -> int:
 def memory_status(pid: str = "self") -> dict[str, int]:
     """Resident memory from /proc/<pid>/status, in bytes: rss (VmRSS), peak (VmHWM, its high-water
     mark), anon (RssAnon: heap and anonymous mappings, what cannot be dropped) and file (RssFile:
-    mapped files' pages)."""
+    mapped files' pages). A process that has exited but is not yet reaped (a zombie) has no memory
+    lines: the dict then has no "anon"."""
     fields = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, rest = line.partition(":")
         if key in fields:
             out[fields[key]] = int(re.match(r"\s*(\d+)", rest).group(1)) * 1024
-    out["anon"] += out.pop("shmem")
+    if "anon" in out:
+        out["anon"] += out.pop("shmem", 0)
     return out
 
 
 # The sampler process: the peak of the watched process's anonymous memory every `interval` seconds,
-# printed when a line (or end of file) arrives on stdin, or when the process is gone.
+# printed when a line (or end of file) arrives on stdin, or when the process is gone (or a zombie).
+# The figure goes out with one os.write: a watched process that died without stopping the sampler
+# has closed the pipe, and then there is no one to tell (no traceback on the stage's stderr).
 _SAMPLER = """
-import select, sys
+import os, select, sys
 from scripts.pipeline.measure import memory_status
 pid, interval, peak = sys.argv[1], float(sys.argv[2]), 0
 while True:
     try:
-        peak = max(peak, memory_status(pid)["anon"])
+        anon = memory_status(pid).get("anon")
     except (FileNotFoundError, ProcessLookupError):
+        anon = None
+    if anon is None:
         break
+    peak = max(peak, anon)
     if select.select([sys.stdin], [], [], interval)[0]:
         break
-print(peak, flush=True)
+try:
+    os.write(1, f"{peak}\\n".encode())
+except OSError:
+    pass
 """
 
 
 class AnonPeak:
     """Peak anonymous memory of this process (memory_status "anon"), sampled every `interval` seconds
     from start() by a separate process (a peak shorter than the interval can be missed: the figure
-    is a lower bound, close for the stages' allocations, which live for seconds)."""
+    is a lower bound, close for the stages' allocations, which live for seconds). As a context, the
+    sampler is stopped on the way out whatever happened inside."""
 
     def __init__(self, interval: float = 0.02):
         self.interval, self.peak = interval, 0
@@ -93,6 +104,13 @@ class AnonPeak:
         out, _ = self._process.communicate("stop\n", timeout=60)
         self.peak = max(int(out.strip() or 0), memory_status()["anon"])
         return self.peak
+
+    def __enter__(self) -> AnonPeak:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        if self._process.poll() is None:
+            self._process.communicate("stop\n", timeout=60)
 
 
 def median_seconds(fn, repeats: int) -> float:
