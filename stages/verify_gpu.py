@@ -10,7 +10,7 @@ import argparse
 import gc
 
 from scripts.checkpoint import snapshot
-from scripts.checks import gpu_check, model_check, tflite_check
+from scripts.checks import gpu_check, model_check, pair_check, tflite_check
 from scripts.layers import kernel_form
 from scripts.litert import sections, tflite_file
 from scripts.pipeline import atomic, layout, measure, metrics, params
@@ -61,17 +61,12 @@ def main() -> None:
     else:
         P, S = a.prefix, a.suffix
         shapes = pair_graph.state_shapes(model, P)
+        prefixes, _ = pair_check.chaining_lengths(P, S)
+        tokens = {p: model_check.random_ids(p + S, vocab, 1000 * P + S + p) for p in prefixes}
         signature_refs = gpu_check.signature_references(
-            pair_graph.PairPrefix(model, P).eval(),
-            pair_graph.PairSuffix(model, P, S).eval(),
-            host,
-            P,
-            S,
-            model_check.random_ids(P + S, vocab, P + S),
+            pair_graph.PairPrefix(model, P).eval(), pair_graph.PairSuffix(model, P, S).eval(), host, P, S, tokens[P], P
         )
-        chaining_refs = gpu_check.chaining_references(
-            model, host, stock, P, S, lambda n: model_check.random_ids(n, vocab, 1000 * P + S + n)
-        )
+        chaining_refs = gpu_check.chaining_references(model, host, stock, P, S, tokens)
     del model, stock
     gc.collect()
 
@@ -81,8 +76,7 @@ def main() -> None:
         if is_row:
             rows += gpu_check.row_rows(one, refs, records)
         else:
-            rows += gpu_check.signature_rows(one, signature_refs)
-            rows += gpu_check.chaining_rows(one, host, chaining_refs, P, S, form, shapes)
+            rows += gpu_check.pair_rows(one, host, signature_refs, chaining_refs, P, S, form, shapes)
     graph.close()
     accelerated = {mode: run.fully_accelerated for mode, run in runs.items()}
     device = runs["fp32"].device

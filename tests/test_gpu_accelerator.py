@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from scripts.checks import compare, gpu_check
+from scripts.checks import compare, gpu_check, pair_check
 from scripts.litert import export, gpu_accelerator, sections, tflite_file
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch
@@ -241,12 +241,49 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
         16,
         8,
         list(range(3, 27)),
+        12,
     )
-    rows = gpu_check.signature_rows({"fp32": runs["fp32"]}, refs)
+    shapes = pair_graph.state_shapes(model, 16)
+    rows = gpu_check.pair_rows({"fp32": runs["fp32"]}, host, refs, [], 16, 8, "R64+sp+ec+dd+vs6", shapes)
     graph.close()
     assert {r["signature"] for r in rows} == {"prefix", "suffix"}
     assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
     assert pair_graph.SLOTS in rows[0]["per_output"]  # every output is compared, the slots too
+
+
+def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_prefix(two_layer_model):
+    """The GPU check of a pair in two batches per mode: the distinct prefixes (the full one is also
+    the prefix signature's check), then every suffix. Torch stands in for the GPU: the signature rows
+    are then exact, and the chaining rows as close to the row graph as the torch pair is."""
+    model, host = two_layer_model
+    P, S = 16, 8
+    prefix, suffix = pair_graph.PairPrefix(model, P).eval(), pair_graph.PairSuffix(model, P, S).eval()
+    prefixes, suffixes = pair_check.chaining_lengths(P, S)
+    tokens = {p: [(7 * i + p) % 100 + 3 for i in range(p + S)] for p in prefixes}
+
+    class NoStock:  # the fp16 references are not used by an fp32 run
+        def hidden(self, embeds):
+            return (torch.zeros(embeds.shape[1], embeds.shape[2]),) * 2
+
+    signature = gpu_check.signature_references(prefix, suffix, host, P, S, tokens[P], P)
+    chaining = gpu_check.chaining_references(model, host, NoStock(), P, S, tokens)
+    batches = []
+
+    def torch_run(name, feeds):
+        batches.append((name, len(feeds)))
+        with torch.no_grad():
+            return [dict((prefix if name == "prefix" else suffix)(**feed)) for feed in feeds]
+
+    shapes = pair_graph.state_shapes(model, P)
+    rows = gpu_check.pair_rows({"fp32": torch_run}, host, signature, chaining, P, S, "R64+sp+ec+dd+vs6", shapes)
+    assert batches == [("prefix", len(prefixes)), ("suffix", len(prefixes) * len(suffixes) + 1)]
+    assert [(r["signature"], r["rel_vs_torch"]) for r in rows if r["check"] == "signature"] == [
+        ("prefix", 0.0),
+        ("suffix", 0.0),
+    ]
+    chained = [r for r in rows if r["check"] == "chaining"]
+    assert {(r["p"], r["s"]) for r in chained} == {(p, s) for p in prefixes for s in suffixes}
+    assert all(r["finite"] for r in chained) and max(r["rel_vs_torch"] for r in chained) < 1e-5, chained
 
 
 BOUNDS = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}

@@ -7,7 +7,8 @@ in fp32 (`enforce_f32`) and in the accelerator's default fp16 mode, on host-buil
   in float64, beside the half-precision floor: stock transformers run in torch float16 on the same
   tokens against the same float64. The target is fp16 <= verify_gpu.fp16_max_over_floor x floor.
 - pairs also chain on the GPU: suffix(prefix(x[:p]), x[p:p+s]) for p in {1, P/2, P}, s in {1, S},
-  in both modes, against the row graph in torch (fp32) and stock float64 (fp16).
+  in both modes, against the row graph in torch (fp32) and stock float64 (fp16); each prefix runs
+  once for both its suffixes, and the full one is also the prefix signature's check.
 Errors: scripts/checks/compare.py, global and per position; fp32 holds both to their bounds
 (verify_gpu.max_rel_fp32, max_rel_per_position_fp32).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from scripts.checks import compare, layerwise, model_check
+from scripts.checks import compare, layerwise, model_check, pair_check
 from scripts.litert import gpu_accelerator
 from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import params
@@ -79,13 +80,12 @@ class ModeRun:
 
     def __init__(self, graph, fp32: bool, census: dict | None = None):
         self.graph, self.fp32, self.census = graph, fp32, census
-        self.fully_accelerated, self.device, self.compiled = True, None, 0
+        self.fully_accelerated, self.device = True, None
 
     def compile(self, path):
         c = gpu_accelerator.compile(path, self.fp32, self.census)
         self.fully_accelerated &= c.fully_accelerated
         self.device = self.device or gpu_accelerator.device(c)
-        self.compiled += 1
         return c
 
     def gate(self) -> None:
@@ -139,10 +139,9 @@ def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
     return rows
 
 
-def signature_references(prefix_module, suffix_module, host: Host, P: int, S: int, ids) -> dict:
-    """Each signature's inputs and torch outputs: the prefix on ids[:p], the suffix fed the torch
-    prefix's state."""
-    p = len(ids) // 2 or 1
+def signature_references(prefix_module, suffix_module, host: Host, P: int, S: int, ids, p: int) -> dict:
+    """Each signature's inputs and torch outputs: the prefix on ids[:p], the suffix on ids[p:p+S] fed the
+    torch prefix's state."""
     prefix_in = host.record(ids[:p], P)
     with torch.no_grad():
         ref_prefix = dict(prefix_module(**prefix_in))
@@ -150,42 +149,19 @@ def signature_references(prefix_module, suffix_module, host: Host, P: int, S: in
     suffix_in = {**host.record(ids[p : p + S], S, start=p), **state}
     with torch.no_grad():
         ref_suffix = dict(suffix_module(**suffix_in))
-    return {"p": p, "prefix": (prefix_in, ref_prefix), "suffix": (suffix_in, ref_suffix)}
+    return {"p": p, "ids": list(ids[:p]), "prefix": (prefix_in, ref_prefix), "suffix": (suffix_in, ref_suffix)}
 
 
-def signature_rows(runs: dict, references: dict) -> list[dict]:
-    """Each signature alone: every output of prefix and suffix vs torch (signature_references)."""
-    rows = []
-    for mode, run in runs.items():
-        for name in ("prefix", "suffix"):
-            inputs, ref = references[name]
-            outs = run(name, [inputs])[0]
-            per_output = {k: compare.figures("vs_torch", outs[k], ref[k], pair_graph.position_dim(k)) for k in ref}
-            rows.append(
-                {
-                    "mode": mode,
-                    "check": "signature",
-                    "signature": name,
-                    "p": references["p"],
-                    "finite": finite(outs),
-                    **{
-                        key: compare.worst(per_output.values(), key)
-                        for key in ("rel_vs_torch", "rel_per_position_vs_torch")
-                    },
-                    "per_output": per_output,
-                }
-            )
-    return rows
-
-
-def chaining_references(model, host: Host, stock: StockReferences, P: int, S: int, ids_for) -> list[dict]:
-    """For p in {1, P/2, P} and s in {1, S}: the tokens, and at the suffix positions the row graph's
-    hidden (torch), stock float64 and float16."""
+def chaining_references(model, host: Host, stock: StockReferences, P: int, S: int, tokens: dict) -> list[dict]:
+    """tokens: {p: p + S token ids} for each p of pair_check.chaining_lengths -> for each p and s, the tokens
+    tokens[p][:p + s] and, at the suffix positions, the row graph's hidden (torch), stock float64 and
+    float16. Both suffixes of a p share its prefix, so the GPU runs each prefix once."""
     row = ClefRowPrefill(model, P + S).eval()
     out = []
-    for p in sorted({1, P // 2, P}):
-        for s in sorted({1, S}):
-            ids = ids_for(p + s)
+    prefixes, suffixes = pair_check.chaining_lengths(P, S)
+    for p in prefixes:
+        for s in suffixes:
+            ids = list(tokens[p][: p + s])
             full = host.record(ids, P + S)
             with torch.no_grad():
                 ref = row(**full)["hidden"][0, p : p + s]
@@ -194,24 +170,46 @@ def chaining_references(model, host: Host, stock: StockReferences, P: int, S: in
     return out
 
 
-def chaining_rows(
-    runs: dict, host: Host, references: list[dict], P: int, S: int, form: str, state_shapes: dict
+def _signature_row(mode: str, name: str, p: int, outs: dict, ref: dict) -> dict:
+    """One signature's outputs vs torch's, every output, worst over them."""
+    per_output = {k: compare.figures("vs_torch", outs[k], ref[k], pair_graph.position_dim(k)) for k in ref}
+    return {
+        "mode": mode,
+        "check": "signature",
+        "signature": name,
+        "p": p,
+        "finite": finite(outs),
+        **{key: compare.worst(per_output.values(), key) for key in ("rel_vs_torch", "rel_per_position_vs_torch")},
+        "per_output": per_output,
+    }
+
+
+def pair_rows(
+    runs: dict, host: Host, signature: dict, chaining: list[dict], P: int, S: int, form: str, state_shapes: dict
 ) -> list[dict]:
-    """suffix(prefix(x[:p]), x[p:p+s]) on the GPU vs the row graph (fp32) and stock float64 (fp16):
-    every prefix as one batch, then every suffix."""
+    """Per mode, two batches on the GPU: every distinct prefix, then every suffix.
+    - signature (signature_references): each signature alone vs torch, the suffix fed torch's state;
+    - chaining (chaining_references): suffix(prefix(x[:p]), x[p:p+s]) vs the row graph (fp32) and stock
+      float64 (fp16).
+    A chaining prefix on the signature check's tokens is the signature check's prefix run, not a second run."""
     rows = []
     pair = PairRunner(host, None, None, P, S, form, state_shapes)
+    prefix_feeds = {tuple(signature["ids"]): signature["prefix"][0]}
+    for ref in chaining:
+        prefix_feeds.setdefault(tuple(ref["ids"][: ref["p"]]), None)
+    keys = list(prefix_feeds)
     for mode, run in runs.items():
-        prefixes = run("prefix", [pair.prefix_inputs(ref["ids"][: ref["p"]]) for ref in references])
-        states = [pair.prefix_result(dict(out), ref["p"]) for out, ref in zip(prefixes, references, strict=True)]
-        suffixes = run(
-            "suffix",
-            [
-                pair.suffix_inputs(state, ref["ids"][ref["p"] :])
-                for (_, state), ref in zip(states, references, strict=True)
-            ],
-        )
-        for ref, (prefix_hidden, state), outs in zip(references, states, suffixes, strict=True):
+        feeds = [prefix_feeds[k] if prefix_feeds[k] is not None else pair.prefix_inputs(list(k)) for k in keys]
+        prefixes = dict(zip(keys, run("prefix", feeds), strict=True))
+        first = prefixes[tuple(signature["ids"])]
+        rows.append(_signature_row(mode, "prefix", signature["p"], first, signature["prefix"][1]))
+        states = [pair.prefix_result(dict(prefixes[tuple(ref["ids"][: ref["p"]])]), ref["p"]) for ref in chaining]
+        suffix_feeds = [
+            pair.suffix_inputs(state, ref["ids"][ref["p"] :]) for (_, state), ref in zip(states, chaining, strict=True)
+        ]
+        *suffixes, alone = run("suffix", [*suffix_feeds, signature["suffix"][0]])
+        rows.append(_signature_row(mode, "suffix", signature["p"], alone, signature["suffix"][1]))
+        for ref, (prefix_hidden, state), outs in zip(chaining, states, suffixes, strict=True):
             p, s = ref["p"], ref["s"]
             out = outs["hidden"][0, :s]
             r = {

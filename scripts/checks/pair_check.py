@@ -22,6 +22,12 @@ from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 
+def chaining_lengths(P: int, S: int) -> tuple[list[int], list[int]]:
+    """The prefix lengths p and suffix lengths s a chaining check covers: 1, P/2 and P real prefix
+    tokens (the most padding, half, none), 1 and S real suffix tokens."""
+    return sorted({1, P // 2, P}), sorted({1, S})
+
+
 def chaining(
     runner: PairRunner, refs: References, vocab: int, seed: int, pad_guard_control: bool = False
 ) -> list[dict]:
@@ -29,8 +35,9 @@ def chaining(
     torch runner can: a LiteRT graph has its guard built in)."""
     P, S = runner.P, runner.S
     rows = []
-    for p in sorted({1, P // 2, P}):
-        for s in sorted({1, S}):
+    prefixes, suffixes = chaining_lengths(P, S)
+    for p in prefixes:
+        for s in suffixes:
             ids = model_check.random_ids(p + s, vocab, seed + 100 * p + s)
             prefix_hidden, state = runner.prefix(ids[:p])
             hidden = runner.suffix(state, ids[p:])

@@ -38,12 +38,8 @@ def tensor_name(index: int) -> str:
 
 def _constants(model) -> dict[int, int]:
     """{buffer index: bytes} of every buffer that holds data (inline or external)."""
-    out = {}
-    for i, b in enumerate(model.buffers or []):
-        size = len(b.data) if b.data is not None else (b.size if b.offset > 1 else 0)
-        if size:
-            out[i] = size
-    return out
+    sizes = enumerate(tflite_file.buffer_bytes(b) for b in model.buffers or [])
+    return {i: size for i, size in sizes if size}
 
 
 @dataclass
@@ -151,16 +147,12 @@ def plan(head: bytes, max_bytes: int) -> list[SignaturePlan]:
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
     plans = []
     for sig in model.signatureDefs or []:
-        ins = {_name(e.name): int(e.tensorIndex) for e in sig.inputs}
-        outs = {_name(e.name): int(e.tensorIndex) for e in sig.outputs}
-        p = SignaturePlan(_name(sig.signatureKey), int(sig.subgraphIndex), ins, outs)
+        ins = {tflite_file.text(e.name): int(e.tensorIndex) for e in sig.inputs}
+        outs = {tflite_file.text(e.name): int(e.tensorIndex) for e in sig.outputs}
+        p = SignaturePlan(tflite_file.text(sig.signatureKey), int(sig.subgraphIndex), ins, outs)
         p.sections = plan_subgraph(model, p.subgraph, list(outs.values()), max_bytes)
         plans.append(p)
     return plans
-
-
-def _name(x) -> str:
-    return x.decode() if isinstance(x, bytes) else (x or "")
 
 
 def write(source: Path, model, mm, sg_index: int, section: Section, dst: Path) -> None:
@@ -264,21 +256,21 @@ class SectionedGraph:
         p = self.plans[signature]
         whole = len(p.sections) == 1 and p.sections[0].path == self.path
         values = [{p.inputs[k]: v for k, v in feed.items()} for feed in feeds]
-        for k, s in enumerate(p.sections):
+        for index, s in enumerate(p.sections):
             compiled = compile_section(s.path)
             try:
                 run = compiled.signature(signature if whole else None)
                 for v in values:
                     if whole:
-                        out = run(**{k: v[t] for k, t in p.inputs.items()})
-                        v.update({p.outputs[k]: x for k, x in out.items()})
+                        out = run(**{key: v[t] for key, t in p.inputs.items()})
+                        v.update({p.outputs[key]: x for key, x in out.items()})
                     else:
                         out = run(**{tensor_name(t): v[t] for t in s.inputs})
-                        v.update({int(k[1:]): x for k, x in out.items()})
+                        v.update({int(key[1:]): x for key, x in out.items()})
             finally:
                 compiled.close()
-            later = {t for s2 in p.sections[k + 1 :] for t in s2.inputs} | set(p.outputs.values())
+            later = {t for s2 in p.sections[index + 1 :] for t in s2.inputs} | set(p.outputs.values())
             for v in values:
                 for t in [t for t in v if t not in later]:
                     del v[t]
-        return [{k: v[t] for k, t in p.outputs.items()} for v in values]
+        return [{key: v[t] for key, t in p.outputs.items()} for v in values]

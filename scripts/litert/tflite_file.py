@@ -103,15 +103,21 @@ def _head_of(model) -> bytes:
     return model if isinstance(model, (bytes, bytearray)) else read_head(model)
 
 
-def _name(x) -> str:
+def text(x) -> str:
+    """A flatbuffer string field (bytes, str or None) as str."""
     return x.decode() if isinstance(x, bytes) else (x or "")
+
+
+def buffer_bytes(buffer) -> int:
+    """Bytes of data a buffer holds, stored inline or after the flatbuffer (0: no data)."""
+    return len(buffer.data) if buffer.data is not None else (buffer.size if buffer.offset > 1 else 0)
 
 
 def op_name(model, op) -> str:
     code = model.operatorCodes[op.opcodeIndex]
     builtin = flatbuffer_utils.get_builtin_code_from_operator_code(code)
     if builtin == schema.BuiltinOperator.CUSTOM:
-        return f"CUSTOM:{_name(code.customCode)}"
+        return f"CUSTOM:{text(code.customCode)}"
     return _OP_NAMES.get(builtin, f"UNKNOWN_{builtin}")
 
 
@@ -132,12 +138,10 @@ def census(source) -> dict:
             ops[name] += 1
             if name in RANK_LIMITED_OPS and len(sg.tensors[op.inputs[0]].shape) < RANK_LIMITED_OPS[name]:
                 low_rank[name] += 1
-            first_path = _name(sg.tensors[op.outputs[0]].name).split(";")[0] if len(op.outputs) else ""
+            first_path = text(sg.tensors[op.outputs[0]].name).split(";")[0] if len(op.outputs) else ""
             if m := _GDN_LAYER.search(first_path):
                 per_gdn[int(m.group(1))] += 1
-    constant_bytes = [
-        len(b.data) if b.data is not None else (b.size if b.offset > 1 else 0) for b in model.buffers or []
-    ]
+    constant_bytes = [buffer_bytes(b) for b in model.buffers or []]
     signatures = {}
     for sig in model.signatureDefs or []:
         sg = model.subgraphs[sig.subgraphIndex]
@@ -146,22 +150,22 @@ def census(source) -> dict:
         def io(entries, sg=sg):
             return [
                 {
-                    "name": _name(e.name),
+                    "name": text(e.name),
                     "shape": [int(d) for d in sg.tensors[e.tensorIndex].shape],
                     "dtype": _TYPE_NAMES.get(sg.tensors[e.tensorIndex].type, "?").lower(),
                 }
                 for e in entries
             ]
 
-        inputs = {e.tensorIndex: _name(e.name) for e in sig.inputs}
+        inputs = {e.tensorIndex: text(e.name) for e in sig.inputs}
         by_tensor = collections.defaultdict(list)
         for e in sig.outputs:
-            by_tensor[e.tensorIndex].append(_name(e.name))
+            by_tensor[e.tensorIndex].append(text(e.name))
         aliased = sorted(
             [f"{', '.join(sorted(names))} = input {inputs[t]}" for t, names in by_tensor.items() if t in inputs]
             + [" = ".join(sorted(names)) for t, names in by_tensor.items() if len(names) > 1 and t not in inputs]
         )
-        signatures[_name(sig.signatureKey)] = {
+        signatures[text(sig.signatureKey)] = {
             "inputs": io(sig.inputs),
             "outputs": io(sig.outputs),
             "ops": dict(sorted(sig_ops.items())),
@@ -220,7 +224,7 @@ def _with_entry(head: bytes, meta: dict, shift: int):
     for op in (o for sg in model.subgraphs for o in sg.operators):
         if getattr(op, "largeCustomOptionsOffset", 0) > 1:
             raise ValueError("a model with external custom options cannot be re-headed")
-    model.metadata = [m for m in (model.metadata or []) if _name(m.name) != METADATA_NAME]
+    model.metadata = [m for m in (model.metadata or []) if text(m.name) != METADATA_NAME]
     for buf in model.buffers:
         if buf.offset > 1:
             buf.offset += shift
@@ -276,7 +280,7 @@ def read_metadata(source) -> dict | None:
     model = schema.Model.GetRootAs(buf, 0)
     for i in range(model.MetadataLength()):
         entry = model.Metadata(i)
-        if _name(entry.Name()) == METADATA_NAME:
+        if text(entry.Name()) == METADATA_NAME:
             return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode())
     return None
 
