@@ -99,6 +99,7 @@ def main() -> None:
             for sig, plan in graph.plans.items()
         },
         "section_limit_bytes": graph.max_bytes,
+        "accelerator_seconds": {mode: round(run.seconds, 3) for mode, run in runs.items()},
         "threshold_fp32": limit,
         "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"],
         **figures,

@@ -148,6 +148,7 @@ def bench(missing=(), anon=30.0) -> dict:
                 "pairs": [{"prefix": 64, "suffix": 64}],
                 "hours": 2.5,
                 "gpu_hours": 1.2,
+                "accelerator_hours": 0.9,
                 "peak_anon_gib": anon,
                 "peak_anon_stage": "export@64",
                 "memory_budget_gib": 35.5,
@@ -168,7 +169,8 @@ def test_bench_tables_say_what_is_measured_and_what_did_not_finish(tmp_path):
     assert "| `export@64` | 10 s, 0.4 GiB | 100 s, 5.0 GiB, 4.0 GiB / 6.2 | 800 s, 30.0 GiB |" in text
     assert "30.0 GiB peak anonymous memory (`export@64`), within the budget 35.5 GiB" in text
     assert "2.5 h on 2 cores" in text and "146 at L=64, 193 at L=256" in text and "did not finish" not in text
-    assert "of which 1.2 h `verify_gpu` on the software GPU (lavapipe)" in text
+    assert "of which 1.2 h `verify_gpu` on the software GPU (lavapipe) (0.9 h of it compiling" in text
+    assert "; 1.6 h without that)" in text
     atomic.write_json(tmp_path / layout.BENCH, bench(missing=["verify_gpu_row@64"], anon=36.0))
     text, _ = readme.render(doc, tmp_path)
     assert "| `verify_gpu_row@64` |  | **did not finish** (failed, or skipped after a failure) |  |" in text

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from scripts.bench import real_width, report
-from scripts.pipeline import params
+from scripts.pipeline import layout, params
 from tests.conftest import ROOT
 
 
@@ -83,8 +83,8 @@ def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
             "verify_model": f(320.0, 35.0),
             "release": f(40.0, 1.0),
             "export_bench": f(50.0, 5.0),
-            "verify_gpu_row@64": f(600.0, 20.0),
-            "verify_gpu_row@256": f(1800.0, 21.0),
+            "verify_gpu_row@64": {**f(600.0, 20.0), "accelerator_seconds": 400.0},
+            "verify_gpu_row@256": {**f(1800.0, 21.0), "accelerator_seconds": 1500.0},
         },
         "memory_budget_gib": 34.5,
     }
@@ -102,6 +102,10 @@ def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
     assert s["export_bench"]["seconds"] == 50.0
     assert out["seconds"] == sum(v["seconds"] for v in s.values())
     assert out["gpu_hours"] * 3600 == pytest.approx(600.0 + 1000.0 + 1800.0)  # @128 interpolated
+    assert out["accelerator_hours"] * 3600 == pytest.approx(400.0 + (400.0 + 1100.0 / 3) + 1500.0)
+    del clef["stages"]["verify_gpu_row@64"]["accelerator_seconds"]  # an old record: not known, not a guess
+    assert report.default_pipeline(clef, measured, default)["accelerator_hours"] is None
+    clef["stages"]["verify_gpu_row@64"]["accelerator_seconds"] = 400.0
     assert out["peak_anon_stage"] == "verify_model" and out["peak_anon_gib"] == 35.0
     assert out["within_budget"] is False  # 35 > 34.5: the check can fail
     assert report.default_pipeline({**clef, "memory_budget_gib": 36.0}, measured, default)["within_budget"] is True
@@ -120,9 +124,11 @@ def test_runtime_records_are_named_as_the_pipeline_names_the_stage(tmp_path):
         (runtime / f"{name}.json").write_text(
             '{"seconds": 1.0, "peak_rss_bytes": 1, "peak_anon_bytes": 1, "finished_utc": "x"}'
         )
-    assert sorted(report.stage_records(tmp_path)) == [
-        "export@64",
-        "stack",
-        "verify_gpu_pair@256_64",
-        "verify_gpu_row@64",
-    ]
+    records = report.stage_records(tmp_path)
+    assert sorted(records) == ["export@64", "stack", "verify_gpu_pair@256_64", "verify_gpu_row@64"]
+    # the accelerator's share comes from verify_gpu's own record, both modes summed, where it was kept
+    assert "accelerator_seconds" not in records["verify_gpu_row@64"]
+    gpu = tmp_path / layout.gpu_result_path(layout.gpu_name(prefix=256, suffix=64))
+    gpu.parent.mkdir(parents=True)
+    gpu.write_text('{"accelerator_seconds": {"fp32": 0.25, "fp16": 0.5}}')
+    assert report.stage_records(tmp_path)["verify_gpu_pair@256_64"]["accelerator_seconds"] == 0.75

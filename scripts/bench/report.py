@@ -96,7 +96,23 @@ def stage_records(ws: Path) -> dict:
         if "memory_budget" in r:
             out[name]["budget_gib"] = r["memory_budget"]["limit_bytes"] / 2**30
             out[name]["within_budget"] = r["memory_budget"]["within"]
+        accelerator = accelerator_seconds(ws, name)
+        if accelerator is not None:
+            out[name]["accelerator_seconds"] = accelerator
     return out
+
+
+def accelerator_seconds(ws: Path, stage: str) -> float | None:
+    """A verify_gpu stage's seconds inside LiteRT's GPU accelerator (compiling and running, both modes),
+    from its record; None for other stages and records made before it was kept."""
+    base, _, args = stage.partition("@")
+    if base not in GPU_STAGES:
+        return None
+    sizes = [int(a) for a in args.split("_")]
+    name = layout.gpu_name(sizes[0]) if base == "verify_gpu_row" else layout.gpu_name(prefix=sizes[0], suffix=sizes[1])
+    path = ws / layout.gpu_result_path(name)
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    return sum(doc["accelerator_seconds"].values()) if "accelerator_seconds" in doc else None
 
 
 def ops_per_gdn_layer(ws: Path) -> dict:
@@ -209,6 +225,7 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         else:
             out[name] = {
                 "seconds": blocks * r["seconds"],
+                **({"accelerator_seconds": blocks * r["accelerator_seconds"]} if "accelerator_seconds" in r else {}),
                 **{k: r[k] + (blocks - 1) * min(max(r[k] - t[k], 0.0), stack_gib) for k in memory},
                 **{f"{k}_upper": t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
             }
@@ -260,7 +277,8 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
 
     def at(base: str, size: int) -> dict:
         found = by_base[base]
-        return {k: interpolated({n: f[k] for n, f in found.items()}, size) for k in ("seconds", "peak_anon_gib")}
+        keys = [k for k in ("seconds", "peak_anon_gib", "accelerator_seconds") if all(k in f for f in found.values())]
+        return {k: interpolated({n: f[k] for n, f in found.items()}, size) for k in keys}
 
     stages = {}
     for base, found in sorted(by_base.items()):
@@ -283,7 +301,9 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
     peaks = {n: f["peak_anon_gib"] for n, f in stages.items() if f.get("peak_anon_gib") is not None}
     top = max(peaks, key=peaks.get) if peaks else None
     seconds = sum(f["seconds"] for f in stages.values())
-    gpu = sum(f["seconds"] for n, f in stages.items() if stage_size(n)[0] in GPU_STAGES)
+    gpu = [f for n, f in stages.items() if stage_size(n)[0] in GPU_STAGES]
+    # inside the accelerator: known only when every GPU stage's record has it
+    accelerator = sum(f["accelerator_seconds"] for f in gpu) if all("accelerator_seconds" in f for f in gpu) else None
     budget = clef.get("memory_budget_gib")
     return {
         "lengths": lengths,
@@ -291,7 +311,8 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
         "stages": stages,
         "seconds": seconds,
         "hours": seconds / 3600,
-        "gpu_hours": gpu / 3600,
+        "gpu_hours": sum(f["seconds"] for f in gpu) / 3600,
+        "accelerator_hours": accelerator / 3600 if gpu and accelerator is not None else None,
         "peak_anon_gib": peaks.get(top),
         "peak_anon_stage": top,
         "memory_budget_gib": budget,

@@ -15,6 +15,8 @@ Errors: scripts/checks/compare.py, global and per position; fp32 holds both to t
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from scripts.checks import compare, layerwise, model_check, pair_check
@@ -76,11 +78,13 @@ def section_bytes(section, fp32_stack_bytes: int) -> int:
 class ModeRun:
     """One mode of the GPU accelerator over a graph cut into sections (sections.SectionedGraph):
     `run(signature, feeds)` -> one output dict per feed, each section compiled once for the batch.
-    Records whether every section compiled was fully accelerated, and the device."""
+    Records whether every section compiled was fully accelerated, the device, and `seconds`: the wall
+    time spent compiling for the accelerator and running on it (feeding and reading included), the
+    part of the stage a faster GPU shortens."""
 
     def __init__(self, graph, fp32: bool, census: dict | None = None):
         self.graph, self.fp32, self.census = graph, fp32, census
-        self.fully_accelerated, self.device = True, None
+        self.fully_accelerated, self.device, self.seconds = True, None, 0.0
 
     def compile(self, path):
         c = gpu_accelerator.compile(path, self.fp32, self.census)
@@ -90,12 +94,18 @@ class ModeRun:
 
     def gate(self) -> None:
         """Compile every section once (a refused op or no adapter is a ClefError here)."""
+        start = time.perf_counter()
         for name in self.graph.plans:
             for s in self.graph.sections(name):
                 self.compile(s.path).close()
+        self.seconds += time.perf_counter() - start
 
     def __call__(self, signature: str, feeds: list[dict]) -> list[dict]:
-        return self.graph.run(self.compile, signature, feeds)
+        start = time.perf_counter()
+        try:
+            return self.graph.run(self.compile, signature, feeds)
+        finally:
+            self.seconds += time.perf_counter() - start
 
 
 # Each check in two halves: its torch references first (while the stack is loaded), then its rows from

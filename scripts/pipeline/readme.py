@@ -244,6 +244,12 @@ def real_run_table(bench: dict) -> str:
             f"{len(run['pairs'])} pairs, download excluded"
             + (
                 f", of which {run['gpu_hours']:.1f} h `verify_gpu` on the software GPU (lavapipe)"
+                + (
+                    f" ({run['accelerator_hours']:.1f} h of it compiling for the accelerator and running on it; "
+                    f"{run['hours'] - run['accelerator_hours']:.1f} h without that)"
+                    if run.get("accelerator_hours") is not None
+                    else ""
+                )
                 if run.get("gpu_hours")
                 else ""
             )
