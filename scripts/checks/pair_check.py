@@ -37,11 +37,15 @@ def chaining(
     rows = []
     prefixes, suffixes = chaining_lengths(P, S)
     for p in prefixes:
+        tokens = model_check.random_ids(p + S, vocab, seed + 100 * p)  # each s reads its first p + s
+        prefix_hidden, state = runner.prefix(tokens[:p])  # one prefix run serves every s
+        cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
+        if pad_guard_control:
+            with controls.without_pad_guard():
+                _, unguarded = runner.prefix(tokens[:p])
         for s in suffixes:
-            ids = model_check.random_ids(p + s, vocab, seed + 100 * p + s)
-            prefix_hidden, state = runner.prefix(ids[:p])
+            ids = tokens[: p + s]
             hidden = runner.suffix(state, ids[p:])
-            cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
             ref = refs.row(ids)
             r = {
                 "check": "chaining",
@@ -53,11 +57,9 @@ def chaining(
                 "finite": bool(torch.isfinite(hidden).all()),
             }
             if pad_guard_control:
-                with controls.without_pad_guard():
-                    _, unguarded = runner.prefix(ids[:p])
                 r["control_no_pad_guard_rel_vs_row"] = compare.rel(runner.suffix(unguarded, ids[p:]), ref[:, p : p + s])
             rows.append(r)
-            if s == 1:  # the prefix hidden does not depend on s
+            if s == suffixes[0]:  # the prefix hidden does not depend on s
                 rows.append(
                     {
                         "check": "prefix_hidden",
