@@ -101,6 +101,38 @@ def test_rms_norm_survives_massive_activations_in_fp16_on_the_gpu(tmp_path):
     assert errors["stock"]["rel_per_position_vs_f64"] > 0.5, errors  # the control: the overflow
 
 
+class Dense(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.linear = torch.nn.Linear(k, 256, bias=False)
+        torch.nn.init.normal_(self.linear.weight, std=k**-0.5)
+
+    def forward(self, x):
+        return {"y": self.linear(x)}
+
+
+def test_the_fp16_mode_error_grows_with_the_reduction_length(tmp_path):
+    """Why the fp16 figures sit further above the floor at real width than on the tiny model: one
+    FULLY_CONNECTED on the accelerator in fp16 mode drifts from float64 as its input width K grows
+    (it accumulates in half precision), while torch float16, the floor (half storage, float32
+    accumulation on the CPU), does not: the gap is the device's arithmetic, not the graph's."""
+    torch.manual_seed(0)
+    gpu, floor = {}, {}
+    for k in (256, 4096):
+        dense, x = Dense(k).eval(), torch.randn(1, 64, k)
+        path = tmp_path / f"dense{k}.tflite"
+        export.convert(dense, {"x": x}, path)
+        c = gpu_accelerator.compile(path, False)
+        out = c.signature()(x=x)["y"]
+        c.close()
+        with torch.no_grad():
+            exact = dense.double()(x.double())["y"]
+            floor[k] = compare.rel(dense.half()(x.half())["y"], exact)
+        gpu[k] = compare.rel(out, exact)
+    assert gpu[4096] > 2 * gpu[256], gpu  # grows with K
+    assert gpu[4096] > 10 * floor[4096] and floor[4096] < 2 * floor[256], (gpu, floor)  # the floor does not
+
+
 def test_output_that_is_an_input_fails_the_census_gate_and_is_left_unwritten_on_the_gpu(tmp_path):
     """Why pair_graph computes its slots: the accelerator does not write an output that is an input."""
     path = toy_graph(tmp_path, "alias", alias=True)
