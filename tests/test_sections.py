@@ -90,11 +90,8 @@ def test_each_section_holds_its_own_constants_within_the_limit_and_crosses_in_fl
         tensors, ops = head.subgraphs[0].tensors, head.subgraphs[0].operators
         for s in plan:
             assert all(tensors[t].type == schema.TensorType.FLOAT32 for t in s.inputs + s.outputs), s
-            # no cut carries a tensor one op of the section reads (see below); the graph's own outputs aside
-            for t in set(s.outputs) - {int(t) for t in head.subgraphs[0].outputs}:
-                assert sum(t in {int(i) for i in ops[j].inputs} for j in s.ops) != 1, (s, t)
             census = tflite_file.census(s.path)
-            assert census["op_total"] == len(s.ops) and census["max_constant_bytes"] == 1024 * 4
+            assert census["op_total"] >= len(s.ops) and census["max_constant_bytes"] == 1024 * 4
         assert sum(len(s.ops) for s in plan) == len(ops)
         # the bool mask is live until the last gated op: no cut before it, so the first section holds
         # the three gated Linears (over the limit); every later section is within it
@@ -129,18 +126,39 @@ def fake_model(ops: list[tuple[list[int], list[int]]], constants: dict[int, int]
     return NS(buffers=buffers, subgraphs=[NS(tensors=tensors, operators=[NS(inputs=i, outputs=o) for i, o in ops])])
 
 
-def test_no_cut_where_a_crossing_tensor_has_one_reader_before_it():
+def test_a_cut_carries_a_tensor_one_op_before_it_reads_and_the_section_writes_it_through_a_copy(tmp_path):
     """x -> a (W1); b = f(a) (W2); c = g(a, b) (W3); d = h(c) (W4), 100-byte weights, limit 250: the cut
-    within the limit (before c) would carry `a`, which b alone reads inside the section; the next cut
-    is taken. With a second reader of `a` before the cut (e: another op on a), it is taken."""
+    within the limit (before c) carries `a`, which b alone reads inside the first section, so that section
+    sends `a` out through a MUL(a, 1.0) copy; `b` is read by no op of its section and goes out as it is."""
     ops = [([0, 1], [10]), ([10, 2], [11]), ([10, 11, 3], [12]), ([12, 4], [13])]
     model = fake_model(ops, {1: 100, 2: 100, 3: 100, 4: 100}, 15)
     plan = sections.plan_subgraph(model, 0, [13], max_bytes=250)
-    assert [(s.ops.start, s.ops.stop) for s in plan] == [(0, 3), (3, 4)]
-    assert plan[0].outputs == [12] and plan[1].inputs == [12] and plan[0].constant_bytes == 300
-    two = [([0, 1], [10]), ([10], [14]), ([10, 14, 2], [11]), ([10, 11, 3], [12]), ([12, 4], [13])]
-    plan = sections.plan_subgraph(fake_model(two, {1: 100, 2: 100, 3: 100, 4: 100}, 15), 0, [13], max_bytes=250)
-    assert [(s.ops.start, s.ops.stop) for s in plan] == [(0, 3), (3, 5)] and plan[0].outputs == [10, 11]
+    assert [(s.ops.start, s.ops.stop) for s in plan] == [(0, 2), (2, 4)]
+    assert plan[0].outputs == [10, 11] and plan[1].inputs == [10, 11] and plan[0].constant_bytes == 200
+
+
+def test_a_section_output_with_one_reader_inside_leaves_through_an_exact_copy(chain, tmp_path):
+    path, feeds = chain
+    graph = sections.SectionedGraph(path, max_bytes=2 * WEIGHT + 1000)
+    try:
+        head = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
+        ops = head.subgraphs[0].operators
+        copied = 0
+        for s in graph.sections(export.DEFAULT_SIGNATURE):
+            section = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(s.path)))
+            sub = section.subgraphs[0]
+            names = [tflite_file.op_name(section, op) for op in sub.operators]
+            single = [t for t in s.outputs if sum(t in {int(i) for i in ops[j].inputs} for j in s.ops) == 1]
+            # one MUL(t, 1.0) per such output, after the section's own ops, and the signature names it t<index>
+            assert names[: len(s.ops)] == [tflite_file.op_name(head, ops[j]) for j in s.ops]
+            assert names[len(s.ops) :] == ["MUL"] * len(single)
+            for op in sub.operators[len(s.ops) :]:
+                one = section.buffers[sub.tensors[op.inputs[1]].buffer].data.tobytes()
+                assert one == np.float32(1.0).tobytes() and int(op.outputs[0]) in {int(t) for t in sub.outputs}
+            copied += len(single)
+        assert copied  # the chain has such outputs at these cuts
+    finally:
+        graph.close()
 
 
 class ScaleThenLinear(torch.nn.Module):
@@ -156,15 +174,19 @@ class ScaleThenLinear(torch.nn.Module):
 
 
 @pytest.mark.slow  # the GPU accelerator
-@pytest.mark.parametrize("readers", [1, 2])
-def test_an_output_one_op_of_the_section_reads_is_left_unwritten_on_the_gpu(tmp_path, readers):
-    """Why the planner takes no cut where a tensor that one op of the section reads would cross: the
-    accelerator fuses the MUL into the FULLY_CONNECTED and never writes the MUL's output. Read by two
-    FULLY_CONNECTEDs, it is written."""
+@pytest.mark.parametrize("readers, copy", [(1, False), (2, False), (1, True)])
+def test_an_output_one_op_of_the_section_reads_is_written_on_the_gpu_only_through_a_copy(
+    tmp_path, monkeypatch, readers, copy
+):
+    """Why write() sends such an output through a copy: the accelerator fuses the MUL into the
+    FULLY_CONNECTED and never writes the MUL's output, though the section lists it. Read by two
+    FULLY_CONNECTEDs, it is written; with the MUL-by-one copy (a second reader), it is written too."""
     import mmap
 
     from scripts.litert import gpu_accelerator
 
+    if not copy:
+        monkeypatch.setattr(sections, "_copy", lambda model, sub, tensor: tensor)
     path, x = tmp_path / "g.tflite", torch.randn(1, 8, 128)
     module = ScaleThenLinear(readers).eval()
     export.convert(module, {"x": x}, path)
@@ -181,4 +203,4 @@ def test_an_output_one_op_of_the_section_reads_is_left_unwritten_on_the_gpu(tmp_
     name = sections.tensor_name(scaled)
     assert torch.allclose(want[name], x * module.scale.detach())
     assert torch.allclose(got[sections.tensor_name(z)], want[sections.tensor_name(z)], atol=1e-5)
-    assert torch.allclose(got[name], want[name], atol=1e-5) == (readers == 2)  # one reader: unwritten
+    assert torch.allclose(got[name], want[name], atol=1e-5) == (readers == 2 or copy)

@@ -5,13 +5,14 @@ LiteRT's GPU accelerator holds several times a graph's weights while it compiles
 the software Vulkan driver, the GPU's memory is the host's: README, "Memory"), so a real-width graph
 does not fit where its CPU checks do. `plan` cuts each signature's ops, in their order, into
 sections whose constants stay under a byte limit, each cut placed where the fewest tensors cross;
-no cut carries a tensor that is not float32, or one that a single op of the section before it reads
-(the accelerator would fuse the tensor into that op and not write it). `write` makes a section a
-model of its own: the section's ops, exactly the constants they read (copied from the graph file),
-and as inputs and outputs the tensors that cross its edges (named `t<index>` after the tensor in the
-graph). `SectionedGraph.run` feeds a batch of inputs through the sections in order, compiling one
-section at a time and keeping only the crossing tensors, so what it computes is what the whole graph
-computes, op for op.
+no cut carries a tensor that is not float32 (the runner feeds and reads float32). `write` makes a
+section a model of its own: the section's ops, exactly the constants they read (copied from the
+graph file), and as inputs and outputs the tensors that cross its edges (named `t<index>` after the
+tensor in the graph). An output that a single op of the section reads leaves through a copy
+(`MUL(t, 1.0)`): the accelerator fuses a tensor with one reader into that reader and never writes
+it, though the model lists it as an output; with a second reader it is written. `SectionedGraph.run`
+feeds a batch of inputs through the sections in order, compiling one section at a time and keeping
+only the crossing tensors, so what it computes is what the whole graph computes, op for op.
 """
 
 from __future__ import annotations
@@ -85,14 +86,7 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int) -> l
     for t in outputs:
         last_read[t] = n
     # crossing[b]: the tensors computed before op b (graph inputs: "before op 0") and read from op b on
-    # and unfit[b]: how many of them a cut at b cannot carry, so it is not taken: a tensor that is not
-    # float32 (the runner feeds and reads float32), or one that exactly one op of the section before b
-    # reads (LiteRT's GPU accelerator fuses such a tensor into its one consumer and leaves the output
-    # unwritten; with two consumers it is written: tests/test_sections.py)
-    readers: dict[int, list[int]] = {}
-    for i, op in enumerate(ops):
-        for t in dict.fromkeys(_reads(op)):
-            readers.setdefault(t, []).append(i)
+    # and unfit[b]: how many of them a cut at b cannot carry (not float32), so it is not taken
     steps = {"all": [0] * (n + 2), "unfit": [0] * (n + 2)}
 
     def mark(key: str, lo: int, hi: int) -> None:
@@ -107,8 +101,6 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int) -> l
         mark("all", produced.get(t, -1) + 1, last)
         if sg.tensors[t].type != schema.TensorType.FLOAT32:
             mark("unfit", produced.get(t, -1) + 1, last)
-        elif t in produced and len(readers.get(t, [])) > 1:  # one reader before b: b in (1st, 2nd reader]
-            mark("unfit", readers[t][0] + 1, readers[t][1])
     crossing, unfit = (list(itertools.accumulate(steps[k][: n + 1])) for k in ("all", "unfit"))
 
     def section_bytes(start: int, end: int) -> int:
@@ -166,7 +158,7 @@ def write(source: Path, model, mm, sg_index: int, section: Section, dst: Path) -
     index = {t: i for i, t in enumerate(used)}
     out = schema.ModelT()
     out.version, out.description = model.version, f"section {section.ops.start}:{section.ops.stop} of {source.name}"
-    out.operatorCodes = model.operatorCodes
+    out.operatorCodes = list(model.operatorCodes)
     out.buffers = [schema.BufferT()]
     data = []  # (buffer in `out`, bytes of the source buffer)
     tensors = []
@@ -189,21 +181,26 @@ def write(source: Path, model, mm, sg_index: int, section: Section, dst: Path) -
         o.inputs = [index[int(t)] if t >= 0 else -1 for t in op.inputs]
         o.outputs = [index[int(t)] for t in op.outputs]
         sub.operators.append(o)
+    produced = {t for op in ops for t in _writes(op)}
+    exits = {t: index[t] for t in section.outputs}
+    for t in section.outputs:
+        if t in produced and sum(t in _reads(op) for op in ops) == 1:
+            exits[t] = _copy(out, sub, index[t])
     sub.inputs = [index[t] for t in section.inputs]
-    sub.outputs = [index[t] for t in section.outputs]
+    sub.outputs = list(exits.values())
     out.subgraphs = [sub]
     sig = schema.SignatureDefT()
     sig.signatureKey, sig.subgraphIndex = "serving_default", 0
 
-    def entries(ts):
+    def entries(ts, at):
         maps = []
         for t in ts:
             m = schema.TensorMapT()
-            m.name, m.tensorIndex = tensor_name(t), index[t]
+            m.name, m.tensorIndex = tensor_name(t), at[t]
             maps.append(m)
         return maps
 
-    sig.inputs, sig.outputs = entries(section.inputs), entries(section.outputs)
+    sig.inputs, sig.outputs = entries(section.inputs, index), entries(section.outputs, exits)
     out.signatureDefs = [sig]
     head_len = len(flatbuffer_utils.convert_object_to_bytearray(out))
     offset = -(-head_len // tflite_file.DATA_ALIGN) * tflite_file.DATA_ALIGN
@@ -220,6 +217,39 @@ def write(source: Path, model, mm, sg_index: int, section: Section, dst: Path) -
                 f.write(np.asarray(src.data, dtype=np.uint8).tobytes())
             else:
                 f.write(mm[src.offset : src.offset + src.size])
+
+
+def _copy(model, sub, tensor: int) -> int:
+    """Appends `copy = MUL(tensor, 1.0)` to subgraph `sub` of `model` (exact: NaN, inf and -0 kept) ->
+    the copy's tensor index. The copy is a second reader, so the accelerator writes `tensor`, and the
+    copy, read by nothing, is written as an output. (MAXIMUM(t, t) would need no constant, but the
+    accelerator refuses an op that reads one tensor twice.)"""
+    code = next((i for i, c in enumerate(model.operatorCodes) if c.builtinCode == schema.BuiltinOperator.MUL), None)
+    if code is None:
+        c = schema.OperatorCodeT()
+        c.builtinCode = c.deprecatedBuiltinCode = schema.BuiltinOperator.MUL
+        c.version = 1
+        model.operatorCodes.append(c)
+        code = len(model.operatorCodes) - 1
+    one = schema.BufferT()
+    one.data = np.frombuffer(np.float32(1.0).tobytes(), np.uint8).copy()
+    model.buffers.append(one)
+    constant = schema.TensorT()
+    constant.shape, constant.type, constant.buffer = (
+        np.array([], np.int32),
+        schema.TensorType.FLOAT32,
+        len(model.buffers) - 1,
+    )
+    constant.name = "one"
+    t = copy.copy(sub.tensors[tensor])
+    t.name = f"{tflite_file.text(t.name)};copy"
+    sub.tensors += [constant, t]
+    op = schema.OperatorT()
+    op.opcodeIndex, op.inputs, op.outputs = code, [tensor, len(sub.tensors) - 2], [len(sub.tensors) - 1]
+    op.builtinOptionsType = schema.BuiltinOptions.MulOptions
+    op.builtinOptions = schema.MulOptionsT()
+    sub.operators.append(op)
+    return len(sub.tensors) - 1
 
 
 class SectionedGraph:
