@@ -61,6 +61,8 @@ def planned(p: dict) -> list[dict]:
 
 GPU_FIGURES = (
     "fully_accelerated",
+    "layers_checked",
+    "layers",
     "fp32_max_rel_vs_torch",
     "threshold_fp32",
     "fp32_max_rel_per_position_vs_torch",

@@ -1,12 +1,14 @@
 """DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
 LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/checks/gpu_check.py), in sections of at
 most verify_gpu.section_fraction of the stack's weights (scripts/litert/sections.py: the accelerator
-holds several times what it compiles) ->
+holds several times what it compiles), over the layers verify_gpu.layers names (the first block: its
+residual stream against the first block in torch) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
 output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
 
 import argparse
+import contextlib
 import gc
 
 from scripts.checkpoint import snapshot
@@ -15,7 +17,7 @@ from scripts.layers import kernel_form
 from scripts.litert import sections, tflite_file
 from scripts.pipeline import atomic, layout, measure, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
-from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35 import pair_graph, patch, text_stack
 from scripts.qwen35.host import Host
 
 
@@ -44,29 +46,47 @@ def main() -> None:
     if found:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
     layout.require(layout.result_path("stack"), "stack")
-    graph = sections.SectionedGraph(path, gpu_check.section_bytes(p["verify_gpu"], measure.stack_fp32_bytes()))
+    config = text_stack.text_config(snap)
+    layers = gpu_check.checked_layers(p["verify_gpu"]["layers"], config)
+    graph = sections.SectionedGraph(
+        path, gpu_check.section_bytes(p["verify_gpu"], measure.stack_fp32_bytes()), layers, config.hidden_size
+    )
+    unreached = {sig: plan.unreached for sig, plan in graph.plans.items() if plan.unreached}
+    if unreached:  # the accelerator is shown only the first block: every op kind must be in it
+        sig, kinds = next(iter(unreached.items()))
+        raise ClefError(
+            f"{path} {sig}: op kinds only after the first block, which the GPU check would not run: {kinds}"
+        )
     runs = {mode: gpu_check.ModeRun(graph, enforce, census) for mode, enforce in gpu_check.MODES.items()}
     for run in runs.values():  # a refused op or no adapter: one line before any torch work
         run.gate()
 
     # torch first: every reference (the graph in torch, stock float64 and float16, one layer at a time);
     # then the stack is freed and each mode runs section by section, so the weights are never in memory twice
-    model, _, _ = patch.load(snap, form, progress=False)
+    # (with `layers`, the first block only: its residual stream where the graph's hidden would be)
+    model, _, _ = patch.load(snap, form, progress=False, block=layers is not None)
     host = Host(snap)
     stock = gpu_check.StockReferences(model)
     vocab = model.config.vocab_size
-    if is_row:
-        records = tflite_check.row_records(host, a.length, vocab)
-        refs = gpu_check.row_references(model, host, stock, records)
-    else:
-        P, S = a.prefix, a.suffix
-        shapes = pair_graph.state_shapes(model, P)
-        prefixes, _ = pair_check.chaining_lengths(P, S)
-        tokens = {p: model_check.random_ids(p + S, vocab, 1000 * P + S + p) for p in prefixes}
-        signature_refs = gpu_check.signature_references(
-            pair_graph.PairPrefix(model, P).eval(), pair_graph.PairSuffix(model, P, S).eval(), host, P, S, tokens[P], P
-        )
-        chaining_refs = gpu_check.chaining_references(model, host, stock, P, S, tokens)
+    with gpu_check.residual_stream(model, stock.twin) if layers else contextlib.nullcontext():
+        if is_row:
+            records = tflite_check.row_records(host, a.length, vocab)
+            refs = gpu_check.row_references(model, host, stock, records)
+        else:
+            P, S = a.prefix, a.suffix
+            shapes = pair_graph.state_shapes(model, P)
+            prefixes, _ = pair_check.chaining_lengths(P, S)
+            tokens = {p: model_check.random_ids(p + S, vocab, 1000 * P + S + p) for p in prefixes}
+            signature_refs = gpu_check.signature_references(
+                pair_graph.PairPrefix(model, P).eval(),
+                pair_graph.PairSuffix(model, P, S).eval(),
+                host,
+                P,
+                S,
+                tokens[P],
+                P,
+            )
+            chaining_refs = gpu_check.chaining_references(model, host, stock, P, S, tokens)
     del model, stock
     gc.collect()
 
@@ -93,6 +113,9 @@ def main() -> None:
         "problems": problems,
         "device": device,
         "fully_accelerated": accelerated,
+        # the decoder layers the accelerator ran: hidden is their residual stream when not all of them
+        "layers_checked": layers or config.num_hidden_layers,
+        "layers": config.num_hidden_layers,
         "signatures": sorted(census["signatures"]),
         "sections": {
             sig: [{"ops": [sec.ops.start, sec.ops.stop], "constant_bytes": sec.constant_bytes} for sec in plan.sections]
@@ -117,10 +140,13 @@ def main() -> None:
         fp16_floor=figures["floor_max_rel_vs_f64"],
         fp16_over_floor=figures["fp16_over_floor"],
         fully_accelerated=accelerated,
+        layers_checked=doc["layers_checked"],
+        layers=doc["layers"],
         **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
     )
     print(
-        f"verify_gpu {path.name} on {device['adapter']}: fully accelerated {accelerated}; fp32 max rel vs torch "
+        f"verify_gpu {path.name} on {device['adapter']}, layers {doc['layers_checked']} of {doc['layers']}: "
+        f"fully accelerated {accelerated}; fp32 max rel vs torch "
         f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
         f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); "
         f"fp16 vs float64 {figures['fp16_max_rel_vs_f64']:.3g}, "

@@ -4,6 +4,7 @@ line; the GPU checks fail on NaN, on an fp32 error over the bound, and on bad pa
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -281,6 +282,43 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
     assert {r["signature"] for r in rows} == {"prefix", "suffix"}
     assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
     assert pair_graph.SLOTS in rows[0]["per_output"]  # every output is compared, the slots too
+
+
+def test_the_pairs_first_layer_on_the_gpu_matches_torch_cut_to_that_layer(two_layer_model, tmp_path):
+    """verify_gpu.layers at work on a pair: the signatures cut after their first layer (a GatedDeltaNet)
+    give its residual stream and its state, and torch cut to that layer gives the same, the suffix fed
+    torch's state and chaining from the GPU's own prefix."""
+    model, host = two_layer_model
+    P, S = 16, 8
+    path = tmp_path / "pair.tflite"
+    convert_pair(model, host, path)
+    graph = sections.SectionedGraph(path, 2**40, layers=1, hidden_size=model.config.hidden_size)
+    assert {n: p.cut.layers for n, p in graph.plans.items()} == {"prefix": 1, "suffix": 1}
+    assert sorted(graph.plans["prefix"].outputs) == ["attn_slots", "gdn0_conv", "gdn0_recurrent", "hidden"]
+    first = copy.copy(model)  # the same weights, the stack cut to the GatedDeltaNet
+    first.layers = torch.nn.ModuleList(list(model.layers)[:1])
+    first.config = copy.deepcopy(model.config)
+    first.config.num_hidden_layers, first.config.layer_types = 1, ["linear_attention"]
+    stock = gpu_check.StockReferences(first)
+    with gpu_check.residual_stream(first, stock.twin):
+        refs = gpu_check.signature_references(
+            pair_graph.PairPrefix(first, P).eval(),
+            pair_graph.PairSuffix(first, P, S).eval(),
+            host,
+            P,
+            S,
+            list(range(3, 3 + P + S)),
+            12,
+        )
+        tokens = {p: [(5 * i + p) % 90 + 3 for i in range(p + S)] for p in pair_check.chaining_lengths(P, S)[0]}
+        chaining = gpu_check.chaining_references(first, host, stock, P, S, tokens)
+        shapes = pair_graph.state_shapes(first, P)
+    run = gpu_check.ModeRun(graph, True, tflite_file.census(path))
+    rows = gpu_check.pair_rows({"fp32": run}, host, refs, chaining, P, S, "R64+sp+ec+dd+vs6", shapes)
+    graph.close()
+    assert run.fully_accelerated and len(rows) == 2 + len(chaining)
+    assert set(rows[0]["per_output"]) == {"hidden", "gdn0_conv", "gdn0_recurrent", "attn_slots"}
+    assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
 
 
 def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_prefix(two_layer_model):

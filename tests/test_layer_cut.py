@@ -91,3 +91,73 @@ def test_a_graph_not_laid_out_layer_by_layer_is_refused(row_graph):
         tensor.name = "anonymous"
     with pytest.raises(ClefError, match="no tensor names a decoder layer"):
         layer_cut.cut(graph_head, 0, 1, 8)
+
+
+class Cpu:
+    """A section on LiteRT's CPU accelerator, as SectionedGraph.run takes it."""
+
+    def __init__(self, path):
+        self.graph = cpu_graph.CpuGraph(path)
+
+    def signature(self, name=None):
+        run = self.graph.get_signature_runner(name)
+        return lambda **kw: {
+            k: torch.from_numpy(v.copy()) for k, v in run(**{a: b.numpy() for a, b in kw.items()}).items()
+        }
+
+    def close(self):
+        self.graph.close()
+
+
+@pytest.mark.slow  # converts a graph
+def test_a_sectioned_graph_of_the_first_layers_gives_their_residual_and_names_the_op_kinds_it_leaves(
+    row_graph, tiny_snapshot
+):
+    """Cut after one GatedDeltaNet: `hidden` is its residual stream, in sections; the attention layer's op
+    kinds the cut leaves unrun are named (verify_gpu fails on them). Cut after the whole graph's layers:
+    no cut, the whole graph."""
+    model, snapshot, inputs, path = row_graph
+    hidden = model.config.hidden_size
+    graph = sections.SectionedGraph(path, 2**18, layers=1, hidden_size=hidden)
+    try:
+        p = graph.plans[export.DEFAULT_SIGNATURE]
+        assert p.cut.layers == 1 and sum(len(s.ops) for s in p.sections) == p.cut.stop
+        assert list(p.outputs) == ["hidden"] and "SOFTMAX" in p.unreached
+        got = graph.run(Cpu, export.DEFAULT_SIGNATURE, [inputs])[0]["hidden"]
+    finally:
+        graph.close()
+    fresh, _, _ = patch.load(snapshot, "R64+sp+ec+dd+vs6", progress=False)
+    with torch.no_grad():
+        want = ClefRowPrefill(first_layers(fresh, 1), L).eval()(**inputs)["hidden"]
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+    whole = sections.SectionedGraph(path, 2**40, layers=4, hidden_size=hidden)
+    try:
+        p = whole.plans[export.DEFAULT_SIGNATURE]
+        assert p.cut is None and p.unreached == [] and [s.path for s in p.sections] == [path]
+    finally:
+        whole.close()
+
+
+def test_checked_layers_is_the_first_block_when_the_stack_has_more():
+    from types import SimpleNamespace as NS
+
+    from scripts.checks import gpu_check
+
+    types = ["linear_attention"] * 3 + ["full_attention"]
+    deep = NS(layer_types=types * 8, num_hidden_layers=32)
+    one = NS(layer_types=types, num_hidden_layers=4)
+    assert gpu_check.checked_layers("block", deep) == 4
+    assert gpu_check.checked_layers("block", one) is None  # the block is the whole stack
+    assert gpu_check.checked_layers("all", deep) is None
+
+
+def test_residual_stream_makes_the_final_norm_the_identity_and_restores_it():
+    from scripts.checks import gpu_check
+
+    a, b = torch.nn.Module(), torch.nn.Module()
+    norm_a, norm_b = torch.nn.LayerNorm(4), torch.nn.LayerNorm(4)
+    a.norm, b.norm = norm_a, norm_b
+    with pytest.raises(RuntimeError), gpu_check.residual_stream(a, b):
+        assert isinstance(a.norm, torch.nn.Identity) and isinstance(b.norm, torch.nn.Identity)
+        raise RuntimeError("restored on the way out")
+    assert a.norm is norm_a and b.norm is norm_b

@@ -66,6 +66,25 @@ def test_extrapolation_scales_what_grows_with_the_weights():
     assert out["row_graph_bytes_per_L"] == 8 * 3.5e9 and out["fp32_stack_bytes"] == 8 * 4e9
 
 
+@pytest.mark.parametrize("layers", ["block", "all"])
+def test_a_gpu_stage_that_runs_the_first_block_costs_at_clef_flash_what_it_cost_at_real_width(layers):
+    """verify_gpu.layers: block loads, references and runs the first block at any depth: its time is as
+    measured; all: it grows with the layers. Its memory is scaled either way (sections grow with the stack)."""
+    stage = {"seconds": 100.0, "accelerator_seconds": 80.0, "peak_anon_gib": 5.0}
+    tiny = {"layers": 8, "fp32_bytes": 8e6, "stages": {"verify_gpu_row@64": {"seconds": 5.0, "peak_anon_gib": 0.5}}}
+    real = {
+        "layers": 4,
+        "fp32_bytes": 4e9,
+        "stages": {"verify_gpu_row@64": stage},
+        "latency": {},
+        "params": {"verify_gpu": {"layers": layers}},
+    }
+    out = report.extrapolate(tiny, real)["stages"]["verify_gpu_row@64"]
+    times = 1 if layers == "block" else 8
+    assert (out["seconds"], out["accelerator_seconds"]) == (times * 100.0, times * 80.0)
+    assert out["peak_anon_gib"] == 5.0 + 7 * min(4.5, 4e9 / 2**30)
+
+
 def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
     """The real-width run has L 64 and 256 and pairs 64+64 and 256+64; the default pipeline's L=128 and
     pair 128+64 are interpolated, verify_model scales with the sum of the lengths, release with the

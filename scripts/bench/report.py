@@ -182,7 +182,11 @@ def workspace(ws: Path) -> dict:
         "ops_per_gdn_layer": ops_per_gdn_layer(ws),
         # failed, or skipped after a failure (scripts/bench/real_width.py keeps only the run's records)
         "stages_not_finished": [n for n in pipeline_stages(ws) if n not in stages],
-        "params": {k: v for k, v in params.read(ws / "params.yaml").items() if k in ("lengths", "pairs", "memory")},
+        "params": {
+            k: v
+            for k, v in params.read(ws / "params.yaml").items()
+            if k in ("lengths", "pairs", "memory", "verify_gpu")
+        },
     }
 
 
@@ -211,8 +215,10 @@ def extrapolate(tiny: dict, real: dict) -> dict:
       (one layer converted to float64, activations at the same L), which does not: the real-width
       figure + 7 x the first part. `*_upper` scales all of it 8x, an upper bound;
     - time: 8 x the real-width time, an upper bound (each stage's fixed start-up is scaled too);
-    - AS_MEASURED stages: as measured at real width."""
+    - AS_MEASURED stages: as measured at real width, and so the time of a GPU stage that runs the first
+      block only (verify_gpu.layers: block): it loads, references and runs that block at any depth."""
     blocks = CLEF_FLASH_LAYERS // real["layers"] if real.get("layers") else None
+    gpu_block = ((real.get("params") or {}).get("verify_gpu") or {}).get("layers") == "block"
     stack_gib = (real.get("fp32_bytes") or 0) / 2**30
     out = {}
     for name, r in real["stages"].items():
@@ -223,9 +229,10 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         if stage_size(name)[0] in AS_MEASURED:
             out[name] = {"seconds": r["seconds"], **{k: r[k] for k in memory}}
         else:
+            times = 1 if gpu_block and stage_size(name)[0] in GPU_STAGES else blocks
             out[name] = {
-                "seconds": blocks * r["seconds"],
-                **({"accelerator_seconds": blocks * r["accelerator_seconds"]} if "accelerator_seconds" in r else {}),
+                "seconds": times * r["seconds"],
+                **({"accelerator_seconds": times * r["accelerator_seconds"]} if "accelerator_seconds" in r else {}),
                 **{k: r[k] + (blocks - 1) * min(max(r[k] - t[k], 0.0), stack_gib) for k in memory},
                 **{f"{k}_upper": t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
             }

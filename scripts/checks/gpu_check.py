@@ -11,10 +11,14 @@ in fp32 (`enforce_f32`) and in the accelerator's default fp16 mode, on host-buil
   once for both its suffixes, and the full one is also the prefix signature's check.
 Errors: scripts/checks/compare.py, global and per position; fp32 holds both to their bounds
 (verify_gpu.max_rel_fp32, max_rel_per_position_fp32).
+Depth (verify_gpu.layers): with `block`, the graph is cut after its first block (checked_layers) and
+every reference is the first block's residual stream (residual_stream), so both sides stop at the
+same place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -28,6 +32,30 @@ from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 MODES = {"fp32": True, "fp16": False}  # mode -> enforce_f32
+
+
+def checked_layers(depth: str, config) -> int | None:
+    """verify_gpu.layers -> how many decoder layers the accelerator runs: `block`, the first hybrid
+    block (its GatedDeltaNets and its attention layer: every op kind of the graph), when the stack has
+    more; None for all of them."""
+    from scripts.qwen35 import text_stack
+
+    n = text_stack.first_block(config)
+    return n if depth == "block" and n < config.num_hidden_layers else None
+
+
+@contextlib.contextmanager
+def residual_stream(*models):
+    """Each model's final norm made the identity inside the block (restored after): their output is then
+    the residual stream after their layers, what the accelerator's first block computes."""
+    norms = [m.norm for m in models]
+    try:
+        for m in models:
+            m.norm = torch.nn.Identity()
+        yield
+    finally:
+        for m, norm in zip(models, norms, strict=True):
+            m.norm = norm
 
 
 class StockReferences:

@@ -28,7 +28,8 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
-from scripts.litert import tflite_file
+from scripts.litert import layer_cut, tflite_file
+from scripts.pipeline.errors import ClefError
 
 PLACEHOLDER_OFFSET = 1 << 40  # a non-default offset, so the trial head has the final head's length
 
@@ -59,6 +60,8 @@ class SignaturePlan:
     inputs: dict[str, int]  # signature name -> tensor index
     outputs: dict[str, int]
     sections: list[Section] = field(default_factory=list)
+    cut: layer_cut.Cut | None = None  # where the plan stops, when it stops before the graph's end
+    unreached: list[str] = field(default_factory=list)  # op kinds only after the cut
 
 
 def _reads(op) -> list[int]:
@@ -69,14 +72,14 @@ def _writes(op) -> list[int]:
     return [int(t) for t in (op.outputs if op.outputs is not None else []) if t >= 0]
 
 
-def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int) -> list[Section]:
-    """Cut subgraph `sg_index` into sections whose constants are each <= max_bytes where possible (an
-    op whose own constants are larger gets a section alone); each cut, among the boundaries that keep
-    the section within the limit, is where the fewest tensors cross."""
+def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int, stop: int | None = None) -> list[Section]:
+    """Cut subgraph `sg_index` (its ops before `stop`, all by default) into sections whose constants are
+    each <= max_bytes where possible (an op whose own constants are larger gets a section alone); each
+    cut, among the boundaries that keep the section within the limit, is where the fewest tensors cross."""
     sg = model.subgraphs[sg_index]
     const = _constants(model)
     tensor_bytes = {t: const.get(tensor.buffer, 0) for t, tensor in enumerate(sg.tensors)}
-    ops = sg.operators
+    ops = sg.operators[:stop]
     n = len(ops)
     produced = {t: i for i, op in enumerate(ops) for t in _writes(op)}
     last_read = {}
@@ -134,15 +137,27 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int) -> l
     return sections
 
 
-def plan(head: bytes, max_bytes: int) -> list[SignaturePlan]:
-    """One SignaturePlan per signature of the model whose flatbuffer head is `head`."""
+def plan(head: bytes, max_bytes: int, layers: int | None = None, hidden_size: int | None = None) -> list[SignaturePlan]:
+    """One SignaturePlan per signature of the model whose flatbuffer head is `head`. layers: only the
+    first `layers` decoder layers of a graph that has more (scripts/litert/layer_cut.py); the plan's
+    outputs are then `hidden`, the residual stream after them, and the outputs computed before the cut."""
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
     plans = []
     for sig in model.signatureDefs or []:
         ins = {tflite_file.text(e.name): int(e.tensorIndex) for e in sig.inputs}
         outs = {tflite_file.text(e.name): int(e.tensorIndex) for e in sig.outputs}
         p = SignaturePlan(tflite_file.text(sig.signatureKey), int(sig.subgraphIndex), ins, outs)
-        p.sections = plan_subgraph(model, p.subgraph, list(outs.values()), max_bytes)
+        c = layer_cut.cut(model, p.subgraph, layers, hidden_size) if layers else None
+        if c is not None:
+            produced = {int(t): i for i, op in enumerate(model.subgraphs[p.subgraph].operators) for t in _writes(op)}
+            p.outputs = {"hidden": c.residual} | {
+                k: t for k, t in outs.items() if k != "hidden" and produced.get(t, c.stop) < c.stop
+            }
+            p.cut = c
+            ops = model.subgraphs[p.subgraph].operators
+            reached = {tflite_file.op_name(model, op) for op in ops[: c.stop]}
+            p.unreached = sorted({tflite_file.op_name(model, op) for op in ops[c.stop :]} - reached)
+        p.sections = plan_subgraph(model, p.subgraph, list(p.outputs.values()), max_bytes, c and c.stop)
         plans.append(p)
     return plans
 
@@ -255,17 +270,17 @@ def _copy(model, sub, tensor: int) -> int:
 class SectionedGraph:
     """Graph `path` cut into sections of at most `max_bytes` of constants each (in a temporary
     directory, removed by close()); one section, when the whole graph is within the limit, is the
-    graph file itself."""
+    graph file itself. layers: only the first `layers` decoder layers (see `plan`)."""
 
-    def __init__(self, path, max_bytes: int):
+    def __init__(self, path, max_bytes: int, layers: int | None = None, hidden_size: int | None = None):
         self.path, self.max_bytes = Path(path), max_bytes
         self._dir = tempfile.TemporaryDirectory(prefix="clef-sections-")
         head = tflite_file.read_head(self.path)
-        self.plans = {p.name: p for p in plan(head, max_bytes)}
+        self.plans = {p.name: p for p in plan(head, max_bytes, layers, hidden_size)}
         model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             for p in self.plans.values():
-                if len(p.sections) == 1:
+                if len(p.sections) == 1 and p.cut is None:
                     p.sections[0].path = self.path
                     continue
                 for k, s in enumerate(p.sections):
@@ -286,6 +301,11 @@ class SectionedGraph:
         p = self.plans[signature]
         whole = len(p.sections) == 1 and p.sections[0].path == self.path
         values = [{p.inputs[k]: v for k, v in feed.items()} for feed in feeds]
+        needed = {t for s in p.sections for t in s.inputs if t in p.inputs.values()}
+        for v in values:
+            missing = sorted(k for k, t in p.inputs.items() if t in needed and t not in v)
+            if missing:
+                raise ClefError(f"{self.path.name} {signature}: no input {missing[0]} fed ({len(missing)} missing)")
         for index, s in enumerate(p.sections):
             compiled = compile_section(s.path)
             try:

@@ -137,6 +137,7 @@ def gpu_table(rows: dict) -> str:
     body = [
         [
             label(n, r),
+            f"{r['layers_checked']} of {r['layers']}" if "layers_checked" in r else "",
             "yes" if r.get("fully_accelerated") else "**no**",
             f"{e(r['max_rel'])} ({e(r['max_rel_per_position'])})",
             f"{r['fp16_max_rel']:.3f}",
@@ -148,6 +149,7 @@ def gpu_table(rows: dict) -> str:
     return table(
         [
             "graph",
+            "layers run",
             "fully accelerated",
             "fp32 vs torch (worst position)",
             "fp16 vs float64",

@@ -19,6 +19,8 @@ inputs with a one-hot selection (a matmul, no GATHER op).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -141,19 +143,37 @@ def run_layers(model, embeds, valid, cos, sin, state: dict, causal: torch.Tensor
     hidden = embeds
     new = {}
     for i, layer in enumerate(model.layers):
-        residual = hidden
-        x = layer.input_layernorm(hidden)
-        if layer.block_type == "linear_attention":
-            x, new[f"gdn{i}_conv"], new[f"gdn{i}_recurrent"] = gdn_step(
-                layer.linear_attn, x, valid, state[f"gdn{i}_conv"], state[f"gdn{i}_recurrent"], grid
-            )
-        else:
-            past_k, past_v = (state[f"attn{i}_k"], state[f"attn{i}_v"]) if past_slots.shape[-1] else (None, None)
-            x, new[f"attn{i}_k"], new[f"attn{i}_v"] = attention_step(layer.self_attn, x, cos, sin, mask, past_k, past_v)
-        hidden = residual + x
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden, produced = as_forward(layer, layer_step, i, hidden, valid, cos, sin, mask, state, grid)
+        new.update(produced)
     new[SLOTS] = slots
     return model.norm(hidden), new
+
+
+def layer_step(layer, i, hidden, valid, cos, sin, mask, state, grid):
+    """Decoder layer `i` over one segment from `state` -> (hidden, {its state names: new state})."""
+    new = {}
+    residual = hidden
+    x = layer.input_layernorm(hidden)
+    if layer.block_type == "linear_attention":
+        x, new[f"gdn{i}_conv"], new[f"gdn{i}_recurrent"] = gdn_step(
+            layer.linear_attn, x, valid, state[f"gdn{i}_conv"], state[f"gdn{i}_recurrent"], grid
+        )
+    else:
+        past_k, past_v = (state[f"attn{i}_k"], state[f"attn{i}_v"]) if state[SLOTS].shape[-1] else (None, None)
+        x, new[f"attn{i}_k"], new[f"attn{i}_v"] = attention_step(layer.self_attn, x, cos, sin, mask, past_k, past_v)
+    hidden = residual + x
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden)), new
+
+
+def as_forward(module: nn.Module, fn, *args):
+    """fn(module, *args), called as `module`'s forward (restored after): the converter then names what
+    it computes after the module, `Qwen3_5DecoderLayer_<i>/` for a decoder layer, as in the row graph
+    (scripts/litert/layer_cut.py finds the layers by these names)."""
+    module.forward = functools.partial(fn, module)
+    try:
+        return module(*args)
+    finally:
+        del module.forward
 
 
 class PairPrefix(nn.Module):

@@ -170,11 +170,18 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
             )
     gpus = [a["gpu"] for a in artifacts.values() if "gpu" in a]
     if gpus:
+        checked, layers = gpus[0]["layers_checked"], gpus[0]["layers"]
         out += [
             "",
             f"GPU accelerator: every signature of {sum(g['fully_accelerated'] for g in gpus)} of {len(gpus)} "
             f"graphs compiled for LiteRT's GPU accelerator alone (no CPU fallback) on "
-            f"{gpus[0]['device']['selected'] or gpus[0]['device']['adapter']}.",
+            f"{gpus[0]['device']['selected'] or gpus[0]['device']['adapter']}, "
+            + (
+                f"all {layers} decoder layers."
+                if checked == layers
+                else f"over the first {checked} of {layers} decoder layers (the first block: every op kind of "
+                "the graph), against the residual stream after them."
+            ),
         ]
     out += [
         "",
