@@ -70,12 +70,12 @@ def main() -> None:
     vocab = model.config.vocab_size
     with gpu_check.residual_stream(model, stock.twin) if layers else contextlib.nullcontext():
         if is_row:
-            records = tflite_check.row_records(host, a.length, vocab)
+            records = tflite_check.row_records(host, a.length, vocab, gpu_check.ROW_RECORDS)
             refs = gpu_check.row_references(model, host, stock, records)
         else:
             P, S = a.prefix, a.suffix
             shapes = pair_graph.state_shapes(model, P)
-            prefixes, _ = pair_check.chaining_lengths(P, S)
+            prefixes, _ = pair_check.chaining_lengths(P, S, gpu_check.CHAINING_HALF)
             tokens = {p: model_check.random_ids(p + S, vocab, 1000 * P + S + p) for p in prefixes}
             signature_refs = gpu_check.signature_references(
                 pair_graph.PairPrefix(model, P).eval(),

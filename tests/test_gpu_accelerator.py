@@ -73,6 +73,51 @@ def test_a_clean_graph_runs_on_the_gpu_in_both_modes(tmp_path):
         assert compare.rel(out["y"], x @ x.transpose(-1, -2)) < bound
 
 
+class RefusingRuntime:
+    """A compiled model whose run logs a device validation error on fd 2 and raises, as LiteRT's does
+    when the device refuses a dispatch (then reading an output fails to lock its buffer). A real
+    refusal cannot be provoked safely: a wrongly sized input overruns the buffer it is written to."""
+
+    class Buffer:
+        def write(self, array):
+            pass
+
+    def get_signature_list(self):
+        return {"serving_default": {"inputs": ["x"], "outputs": ["y"]}}
+
+    def get_signature_index(self, key):
+        return 0
+
+    def get_output_tensor_details(self, key):
+        return {"y": {"shape": [1, 4]}}
+
+    def create_input_buffers(self, index):
+        return [self.Buffer()]
+
+    create_output_buffers = create_input_buffers
+
+    def run_by_index(self, index, inputs, outputs):
+        os.write(2, b"I dawn: ok\nW dawn: Validation error: Binding size (201326592) is larger than the maximum\n")
+        raise RuntimeError("TensorBufferWrapper error: Failed to lock custom tensor buffer")
+
+
+def test_a_failed_run_is_one_line_naming_the_graph_signature_and_the_runtimes_reason():
+    """A failed run is a ClefError naming the graph and signature with the device's reason from the
+    runtime's log (captured, on every run with quiet_runs), not a bare RuntimeError with the log lost."""
+    run = gpu_accelerator.signature_runner(RefusingRuntime(), "graph.tflite", quiet_runs=True)
+    for _ in range(2):  # the first call and a later one
+        with pytest.raises(ClefError) as info:
+            run(x=torch.zeros(1, 4).numpy())
+        assert str(info.value) == (
+            "graph.tflite [serving_default]: the run failed: Binding size (201326592) is larger than the "
+            "maximum; TensorBufferWrapper error: Failed to lock custom tensor buffer"
+        )
+    assert gpu_accelerator.run_failure("lock failed", "ERROR: [x.cc:1] out of memory\n") == (
+        "ERROR: [x.cc:1] out of memory; lock failed"
+    )
+    assert gpu_accelerator.run_failure("lock failed", "") == "lock failed"
+
+
 class Norm(torch.nn.Module):
     def __init__(self, norm):
         super().__init__()
@@ -321,14 +366,17 @@ def test_the_pairs_first_layer_on_the_gpu_matches_torch_cut_to_that_layer(two_la
     assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
 
 
-def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_prefix(two_layer_model):
+@pytest.mark.parametrize("half", [True, gpu_check.CHAINING_HALF])
+def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_prefix(two_layer_model, half):
     """The GPU check of a pair in two batches per mode: the distinct prefixes (the full one is also
     the prefix signature's check), then every suffix. Torch stands in for the GPU: the signature rows
-    are then exact, and the chaining rows as close to the row graph as the torch pair is."""
+    are then exact, and the chaining rows as close to the row graph as the torch pair is. With and
+    without the P/2 prefix (the stage's GPU subset)."""
     model, host = two_layer_model
     P, S = 16, 8
     prefix, suffix = pair_graph.PairPrefix(model, P).eval(), pair_graph.PairSuffix(model, P, S).eval()
-    prefixes, suffixes = pair_check.chaining_lengths(P, S)
+    prefixes, suffixes = pair_check.chaining_lengths(P, S, half)
+    assert len(prefixes) == 2 + half
     tokens = {p: [(7 * i + p) % 100 + 3 for i in range(p + S)] for p in prefixes}
 
     class NoStock:  # the fp16 references are not used by an fp32 run
@@ -423,6 +471,10 @@ def test_no_vulkan_adapter_is_one_line_and_writes_nothing(workdir, tmp_path):
     graph.parent.mkdir(parents=True)
     graph.write_bytes(toy_graph(tmp_path, "clean").read_bytes())
     (workdir / "results" / "stack.json").write_text('{"fp32_bytes": 1000000}')  # sizes the GPU sections
+    # the toy graph has no decoder layers to cut the first block at: the accelerator runs all of it
+    params = workdir / "params.yaml"
+    params.write_text(params.read_text().replace("\n  layers: block\n", "\n  layers: all\n"))
+    assert "\n  layers: all\n" in params.read_text()
     proc = run_verify_gpu(
         workdir,
         "--length",

@@ -140,13 +140,24 @@ def signature_runner(model, path, name: str | None = None, quiet_runs: bool = Fa
     first = [True]
 
     def run(**feeds):
-        if not (quiet_runs or first[0]):
-            return run_once(feeds)
-        first[0] = False
-        with captured_stderr():
-            return run_once(feeds)
+        quiet, first[0] = quiet_runs or first[0], False
+        with captured_stderr() if quiet else contextlib.nullcontext({"text": ""}) as log:
+            try:
+                return run_once(feeds)
+            except RuntimeError as exc:  # the runtime's reason is in its log, which the capture holds
+                failed = exc
+        raise ClefError(f"{path} [{key}]: the run failed: {run_failure(str(failed), log['text'])}")
 
     return run
+
+
+def run_failure(error: str, log: str) -> str:
+    """One line for a failed run: the runtime's error and, before it, what the device refused (a
+    Dawn validation error) or the runtime's last ERROR line, where its log has one."""
+    invalid = _VALIDATION.search(log)
+    errors = [line.strip() for line in log.splitlines() if "ERROR" in line]
+    cause = invalid.group(1).strip() if invalid else (errors[-1] if errors else "")
+    return " ".join(f"{cause + '; ' if cause else ''}{error}".split())
 
 
 def holding(census: dict | None, op: str) -> list[str]:
