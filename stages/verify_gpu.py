@@ -12,7 +12,7 @@ import contextlib
 import gc
 
 from scripts.checkpoint import snapshot
-from scripts.checks import gpu_check, model_check, pair_check, tflite_check
+from scripts.checks import gpu_check, model_check, tflite_check
 from scripts.layers import kernel_form
 from scripts.litert import sections, tflite_file
 from scripts.pipeline import atomic, layout, measure, metrics, params
@@ -75,16 +75,17 @@ def main() -> None:
         else:
             P, S = a.prefix, a.suffix
             shapes = pair_graph.state_shapes(model, P)
-            prefixes, _ = pair_check.chaining_lengths(P, S, gpu_check.CHAINING_HALF)
+            prefixes = gpu_check.chaining_prefixes(P)
             tokens = {p: model_check.random_ids(p + S, vocab, 1000 * P + S + p) for p in prefixes}
+            first = prefixes[-1]  # the signature check's prefix, also chained
             signature_refs = gpu_check.signature_references(
                 pair_graph.PairPrefix(model, P).eval(),
                 pair_graph.PairSuffix(model, P, S).eval(),
                 host,
                 P,
                 S,
-                tokens[P],
-                P,
+                tokens[first],
+                first,
             )
             chaining_refs = gpu_check.chaining_references(model, host, stock, P, S, tokens)
     del model, stock

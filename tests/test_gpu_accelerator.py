@@ -366,24 +366,27 @@ def test_the_pairs_first_layer_on_the_gpu_matches_torch_cut_to_that_layer(two_la
     assert all(r["finite"] and r["rel_vs_torch"] < 1e-4 for r in rows), rows
 
 
-@pytest.mark.parametrize("half", [True, gpu_check.CHAINING_HALF])
-def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_prefix(two_layer_model, half):
-    """The GPU check of a pair in two batches per mode: the distinct prefixes (the full one is also
+@pytest.mark.parametrize("subset", [False, True])
+def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_prefix(two_layer_model, subset):
+    """The GPU check of a pair in two batches per mode: the distinct prefixes (the last one is also
     the prefix signature's check), then every suffix. Torch stands in for the GPU: the signature rows
-    are then exact, and the chaining rows as close to the row graph as the torch pair is. With and
-    without the P/2 prefix (the stage's GPU subset)."""
+    are then exact, and the chaining rows as close to the row graph as the torch pair is. With every
+    prefix of the CPU check and with the stage's GPU subset (one half-padded prefix)."""
     model, host = two_layer_model
     P, S = 16, 8
     prefix, suffix = pair_graph.PairPrefix(model, P).eval(), pair_graph.PairSuffix(model, P, S).eval()
-    prefixes, suffixes = pair_check.chaining_lengths(P, S, half)
-    assert len(prefixes) == 2 + half
+    prefixes, suffixes = pair_check.chaining_lengths(P, S)
+    if subset:
+        prefixes = gpu_check.chaining_prefixes(P)
+        assert prefixes == [P // 2]
     tokens = {p: [(7 * i + p) % 100 + 3 for i in range(p + S)] for p in prefixes}
 
     class NoStock:  # the fp16 references are not used by an fp32 run
         def hidden(self, embeds):
             return (torch.zeros(embeds.shape[1], embeds.shape[2]),) * 2
 
-    signature = gpu_check.signature_references(prefix, suffix, host, P, S, tokens[P], P)
+    last = prefixes[-1]
+    signature = gpu_check.signature_references(prefix, suffix, host, P, S, tokens[last], last)
     chaining = gpu_check.chaining_references(model, host, NoStock(), P, S, tokens)
     batches = []
 

@@ -6,7 +6,7 @@ in fp32 (`enforce_f32`) and in the accelerator's default fp16 mode, on host-buil
 - fp16: every output finite (a failure otherwise), and the hidden states against stock transformers
   in float64, beside the half-precision floor: stock transformers run in torch float16 on the same
   tokens against the same float64. The target is fp16 <= verify_gpu.fp16_max_over_floor x floor.
-- pairs also chain on the GPU: suffix(prefix(x[:p]), x[p:p+s]) for p in {1, P}, s in {1, S},
+- pairs also chain on the GPU: suffix(prefix(x[:p]), x[p:p+s]) for p = P/2, s in {1, S},
   in both modes, against the row graph in torch (fp32) and stock float64 (fp16); each prefix runs
   once for both its suffixes, and the full one is also the prefix signature's check.
 Errors: scripts/checks/compare.py, global and per position; fp32 holds both to their bounds
@@ -32,11 +32,16 @@ from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 MODES = {"fp32": True, "fp16": False}  # mode -> enforce_f32
-# What the accelerator runs, a subset of the CPU checks' records (on a machine without a GPU it is the
-# slowest part of the pipeline): rows without padding and with the most (no right-padded middle);
-# pairs chained from prefixes of P and 1 real tokens (no P/2).
-ROW_RECORDS = ("full", "one_token")
-CHAINING_HALF = False
+# What the accelerator runs, a subset of the CPU checks' records: on a machine without a GPU its runs
+# are the slowest part of the pipeline, each costs about what a record costs at that length. One record
+# with real tokens and padding both: rows the right-padded record (2/3 real); pairs one prefix of P/2
+# real tokens, the signature check's and the chained one, with suffixes of 1 and S real tokens.
+ROW_RECORDS = ("padded",)
+
+
+def chaining_prefixes(P: int) -> list[int]:
+    """The real prefix lengths the GPU chains from (a subset of pair_check.chaining_lengths)."""
+    return [P // 2]
 
 
 def checked_layers(depth: str, config) -> int | None:
@@ -196,7 +201,7 @@ def signature_references(prefix_module, suffix_module, host: Host, P: int, S: in
 
 
 def chaining_references(model, host: Host, stock: StockReferences, P: int, S: int, tokens: dict) -> list[dict]:
-    """tokens: {p: p + S token ids} for each prefix length p (CHAINING) -> for each p and s, the tokens
+    """tokens: {p: p + S token ids} for each prefix length p -> for each p and s, the tokens
     tokens[p][:p + s] and, at the suffix positions, the row graph's hidden (torch), stock float64 and
     float16. Both suffixes of a p share its prefix, so the GPU runs each prefix once."""
     row = ClefRowPrefill(model, P + S).eval()

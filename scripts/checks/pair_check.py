@@ -22,10 +22,10 @@ from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 
-def chaining_lengths(P: int, S: int, half: bool = True) -> tuple[list[int], list[int]]:
-    """The prefix lengths p and suffix lengths s a chaining check covers: 1, P/2 (unless not `half`)
-    and P real prefix tokens (the most padding, half, none), 1 and S real suffix tokens."""
-    return sorted({1, P} | ({P // 2} if half else set())), sorted({1, S})
+def chaining_lengths(P: int, S: int) -> tuple[list[int], list[int]]:
+    """The prefix lengths p and suffix lengths s a chaining check covers: 1, P/2 and P real prefix
+    tokens (the most padding, half, none), 1 and S real suffix tokens."""
+    return sorted({1, P // 2, P}), sorted({1, S})
 
 
 def chaining(
