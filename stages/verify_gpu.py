@@ -1,7 +1,8 @@
 """DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
 LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/checks/gpu_check.py), in sections of at
 most verify_gpu.section_fraction of the stack's weights (scripts/litert/sections.py: the accelerator
-holds several times what it compiles), over the layers verify_gpu.layers names (the first block: its
+holds several times what it compiles) and of verify_gpu.section_work / tokens (it waits about two
+minutes for a run), over the layers verify_gpu.layers names (the first block: its
 residual stream against the first block in torch) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
@@ -49,7 +50,10 @@ def main() -> None:
     config = text_stack.text_config(snap)
     layers = gpu_check.checked_layers(p["verify_gpu"]["layers"], config)
     graph = sections.SectionedGraph(
-        path, gpu_check.section_bytes(p["verify_gpu"], measure.stack_fp32_bytes()), layers, config.hidden_size
+        path,
+        gpu_check.section_bytes(p["verify_gpu"], measure.stack_fp32_bytes(), a.length or max(a.prefix, a.suffix)),
+        layers,
+        config.hidden_size,
     )
     unreached = {sig: plan.unreached for sig, plan in graph.plans.items() if plan.unreached}
     if unreached:  # the accelerator is shown only the first block: every op kind must be in it

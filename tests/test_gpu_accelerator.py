@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,6 +100,47 @@ class RefusingRuntime:
     def run_by_index(self, index, inputs, outputs):
         os.write(2, b"I dawn: ok\nW dawn: Validation error: Binding size (201326592) is larger than the maximum\n")
         raise RuntimeError("TensorBufferWrapper error: Failed to lock custom tensor buffer")
+
+
+class SlowRuntime(RefusingRuntime):
+    """A compiled model whose first `slow` runs outlast the accelerator's wait: reading their output
+    fails to lock the buffer (which stays locked, as LiteRT's does); later runs are read."""
+
+    def __init__(self, slow: int):
+        self.slow, self.runs = slow, 0
+
+    class Output:
+        def __init__(self, late: bool):
+            self.late, self.locked = late, False
+
+        def read(self, n, dtype):
+            if self.locked:
+                raise RuntimeError("TensorBufferWrapper error: Tensor buffer is already locked.")
+            self.locked = True
+            if self.late:
+                raise RuntimeError("TensorBufferWrapper error: code=7 Failed to lock custom tensor buffer.")
+            return np.full(n, 2.0, dtype)
+
+    def create_output_buffers(self, index):
+        return [self.Output(self.runs < self.slow)]
+
+    def run_by_index(self, index, inputs, outputs):
+        assert not outputs[0].locked, "a run must get output buffers that were not locked"
+        outputs[0].late = self.runs < self.slow
+        self.runs += 1
+
+
+def test_a_run_that_outlasts_the_accelerators_wait_is_run_again_on_fresh_buffers():
+    """The accelerator waits about two minutes for a run's outputs (a first run on lavapipe compiles its
+    shaders too): such a run is repeated on fresh output buffers, up to RUN_ATTEMPTS runs, then fails."""
+    x = torch.zeros(1, 4).numpy()
+    slow = SlowRuntime(gpu_accelerator.RUN_ATTEMPTS - 1)
+    out = gpu_accelerator.signature_runner(slow, "graph.tflite", quiet_runs=True)(x=x)
+    assert slow.runs == gpu_accelerator.RUN_ATTEMPTS and out["y"].tolist() == [[2.0] * 4]
+    never = SlowRuntime(gpu_accelerator.RUN_ATTEMPTS)
+    with pytest.raises(ClefError, match="graph.tflite \\[serving_default\\]: the run failed: .*Failed to lock"):
+        gpu_accelerator.signature_runner(never, "graph.tflite", quiet_runs=True)(x=x)
+    assert never.runs == gpu_accelerator.RUN_ATTEMPTS
 
 
 def test_a_failed_run_is_one_line_naming_the_graph_signature_and_the_runtimes_reason():
@@ -455,6 +497,19 @@ def test_bad_gpu_params_refused(section, fragment):
     with pytest.raises(ClefError, match="params.yaml") as info:
         gpu_check.limits(section)
     assert fragment in str(info.value)
+
+
+def test_sections_shrink_with_the_tokens_a_run_takes():
+    """Memory bounds a section by a fraction of the stack, time by bytes x tokens: the accelerator waits
+    about two minutes for a run, which a real-width section of 807 MB at L=256 outlasted on lavapipe."""
+    stack = 3_459_797_248  # the real-width synthetic stack
+    section = {"section_fraction": 0.25, "section_work": 1e11}
+    assert gpu_check.section_bytes(section, stack, 64) == int(0.25 * stack)  # memory binds
+    assert gpu_check.section_bytes(section, stack, 256) == int(1e11 / 256) < 0.5 * 0.25 * stack  # time binds
+    assert gpu_check.section_bytes(section, 1000, 256) == 250  # the tiny stack: memory binds
+    for bad, fragment in (({"section_fraction": 0.25}, "verify_gpu.section_work None"), ([1], "section_fraction")):
+        with pytest.raises(ClefError, match=fragment):
+            gpu_check.section_bytes(bad, stack, 64)
 
 
 def run_verify_gpu(workdir, *args, env_extra=None):

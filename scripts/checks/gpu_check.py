@@ -104,13 +104,14 @@ def limits(section) -> dict[str, float]:
     return params.positive_numbers(section, LIMITS, "verify_gpu")
 
 
-def section_bytes(section, fp32_stack_bytes: int) -> int:
-    """params.yaml verify_gpu.section_fraction x the stack's fp32 bytes: the most constant bytes the
-    accelerator is given at once (scripts/litert/sections.py)."""
-    fraction = params.positive_number(
-        section.get("section_fraction") if isinstance(section, dict) else None, "verify_gpu.section_fraction"
-    )
-    return max(1, int(fraction * fp32_stack_bytes))
+def section_bytes(section, fp32_stack_bytes: int, tokens: int) -> int:
+    """The most constant bytes the accelerator is given at once (scripts/litert/sections.py), for a
+    graph whose longest signature takes `tokens`: params.yaml verify_gpu.section_fraction x the stack's
+    fp32 bytes (memory), and at most verify_gpu.section_work / tokens (a run's time)."""
+    found = section if isinstance(section, dict) else {}
+    fraction = params.positive_number(found.get("section_fraction"), "verify_gpu.section_fraction")
+    work = params.positive_number(found.get("section_work"), "verify_gpu.section_work")
+    return max(1, int(min(fraction * fp32_stack_bytes, work / tokens)))
 
 
 class ModeRun:

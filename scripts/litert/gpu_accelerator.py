@@ -41,6 +41,11 @@ FALLBACK = re.compile(r"(\d+) operations will run on the GPU, and the remaining 
 # [Buffer (unlabeled)] is larger than the maximum storage buffer binding size (134217728)": the
 # accelerator logs it and goes on, computing wrong (tests/test_gpu_accelerator.py).
 _VALIDATION = re.compile(r"Validation error: (.+)")
+# Reading an output waits for the run about two minutes, then fails with this. On a software GPU a first
+# run (its shaders compiled as it goes) or a starved process can take longer: the run is repeated on
+# fresh output buffers (the previous run queued ahead of it, its shaders compiled), RUN_ATTEMPTS in all.
+LOCK_TIMEOUT = "Failed to lock custom tensor buffer"
+RUN_ATTEMPTS = 3
 _NO_ADAPTER = ("No adapters found", "Failed to create WebGPU", "No GPU adapter", "Failed to create a WebGPU")
 
 
@@ -123,7 +128,7 @@ def signature_runner(model, path, name: str | None = None, quiet_runs: bool = Fa
     index = model.get_signature_index(key)
     inputs, outputs = sigs[key]["inputs"], sigs[key]["outputs"]
     shapes = {n: [int(d) for d in detail["shape"]] for n, detail in model.get_output_tensor_details(key).items()}
-    in_bufs, out_bufs = model.create_input_buffers(index), model.create_output_buffers(index)
+    in_bufs, out_bufs = model.create_input_buffers(index), [model.create_output_buffers(index)]
 
     def run_once(feeds):
         missing = sorted(set(inputs) - set(feeds))
@@ -131,11 +136,17 @@ def signature_runner(model, path, name: str | None = None, quiet_runs: bool = Fa
             raise ClefError(f"{path} [{key}]: inputs {missing} not given")
         for buf, n in zip(in_bufs, inputs, strict=True):
             buf.write(np.ascontiguousarray(feeds[n], dtype=np.float32))
-        model.run_by_index(index, in_bufs, out_bufs)
-        return {
-            n: buf.read(int(np.prod(shapes[n])), np.float32).reshape(shapes[n])
-            for buf, n in zip(out_bufs, outputs, strict=True)
-        }
+        for attempt in range(1, RUN_ATTEMPTS + 1):
+            model.run_by_index(index, in_bufs, out_bufs[0])
+            try:
+                return {
+                    n: buf.read(int(np.prod(shapes[n])), np.float32).reshape(shapes[n])
+                    for buf, n in zip(out_bufs[0], outputs, strict=True)
+                }
+            except RuntimeError as exc:  # a buffer that failed to lock stays locked: fresh ones, a new run
+                if LOCK_TIMEOUT not in str(exc) or attempt == RUN_ATTEMPTS:
+                    raise
+                out_bufs[0] = model.create_output_buffers(index)
 
     first = [True]
 

@@ -227,6 +227,7 @@ SCHEMA = {
             "max_rel_per_position_fp32": THRESHOLD,
             "fp16_max_over_floor": positive_number,
             "section_fraction": positive_number,
+            "section_work": positive_number,
             "layers": one_of("block", "all"),
         }
     ),
