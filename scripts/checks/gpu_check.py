@@ -7,8 +7,8 @@ in fp32 (`enforce_f32`) and in the accelerator's default fp16 mode, on host-buil
   in float64, beside the half-precision floor: stock transformers run in torch float16 on the same
   tokens against the same float64. The target is fp16 <= verify_gpu.fp16_max_over_floor x floor.
 - pairs also chain on the GPU: suffix(prefix(x[:p]), x[p:p+s]) for p = P/2, s in {1, S},
-  in both modes, against the row graph in torch (fp32) and stock float64 (fp16); each prefix runs
-  once for both its suffixes, and the full one is also the prefix signature's check.
+  in both modes, against the row graph in torch (fp32) and stock float64 (fp16); the prefix runs
+  once for both its suffixes and is also the prefix signature's check.
 Errors: scripts/checks/compare.py, global and per position; fp32 holds both to their bounds
 (verify_gpu.max_rel_fp32, max_rel_per_position_fp32).
 Depth (verify_gpu.layers): with `block`, the graph is cut after its first block (checked_layers) and

@@ -17,17 +17,18 @@ def interpreter(path, threads: int | None = None):
     return CpuGraph(path, threads)
 
 
-ROW_RECORDS = ("full", "padded", "one_token")
+RECORD_KINDS = ("full", "padded", "one_token")
 
 
-def row_records(host, length: int, vocab: int, kinds=ROW_RECORDS) -> dict:
+def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict:
     """The host-built records a row graph is checked on: {kind: (real tokens, inputs)}: all L tokens,
     a right-padded record, and a single token (the most padding); `kinds` of them."""
     from scripts.checks.model_check import random_ids
 
     out = {}
     real = {"full": length, "padded": length - length // 3, "one_token": 1}
-    for kind, n in {k: real[k] for k in kinds}.items():
+    for kind in kinds:
+        n = real[kind]
         inputs = host.record(random_ids(n, vocab, 11 * length + n), length)
         host.check(inputs, length)
         out[kind] = (n, inputs)
