@@ -62,7 +62,7 @@ def main() -> None:
             f"{path} {sig}: op kinds only after the first block, which the GPU check would not run: {kinds}"
         )
     runs = {mode: gpu_check.ModeRun(graph, enforce, census) for mode, enforce in gpu_check.MODES.items()}
-    for run in runs.values():  # a refused op or no adapter: one line before any torch work
+    for run in runs.values():  # no adapter: one line before any torch work (a refused op: when its section runs)
         run.gate()
 
     # torch first: every reference (the graph in torch, stock float64 and float16, one layer at a time);

@@ -204,3 +204,34 @@ def test_an_output_one_op_of_the_section_reads_is_written_on_the_gpu_only_throug
     assert torch.allclose(want[name], x * module.scale.detach())
     assert torch.allclose(got[sections.tensor_name(z)], want[sections.tensor_name(z)], atol=1e-5)
     assert torch.allclose(got[name], want[name], atol=1e-5) == (readers == 2 or copy)
+
+
+def test_the_gpu_check_compiles_the_smallest_section_to_gate_and_each_section_once_per_batch(chain, monkeypatch):
+    """verify_gpu's compiles, most of its time on a software GPU: the gate compiles one section (the
+    smallest: an adapter check before any torch work), a run compiles each section once for its batch.
+    The CPU stands in for the accelerator."""
+    from scripts.checks import gpu_check
+    from scripts.litert import gpu_accelerator
+
+    path, feeds = chain
+    compiled = []
+
+    def compile_on_cpu(p, fp32, census=None):
+        compiled.append(p)
+        c = Cpu(p)
+        c.fully_accelerated = True
+        return c
+
+    monkeypatch.setattr(gpu_accelerator, "compile", compile_on_cpu)
+    monkeypatch.setattr(gpu_accelerator, "device", lambda c: {"adapter": "cpu"})
+    graph = sections.SectionedGraph(path, max_bytes=2 * WEIGHT + 1000)
+    try:
+        cut = graph.sections(export.DEFAULT_SIGNATURE)
+        run = gpu_check.ModeRun(graph, True)
+        run.gate()
+        assert compiled == [min(cut, key=lambda s: s.constant_bytes).path] and len(cut) >= 3
+        compiled.clear()
+        got = run(export.DEFAULT_SIGNATURE, [feeds, {**feeds, "x": torch.randn(1, 8, WIDTH)}])
+        assert compiled == [s.path for s in cut] and len(got) == 2
+    finally:
+        graph.close()
