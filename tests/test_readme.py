@@ -128,6 +128,7 @@ def bench(missing=(), anon=30.0) -> dict:
     return {
         "measured_utc": "2026-11-30T00:00:00Z",
         "machine": {"cpu": "AMD EPYC", "cores": 2},
+        "efficiency": {"matmul_peak": {"gflops": 118.9}},
         "tiny": {"stages": {"export@64": {"seconds": 10.0, "peak_anon_gib": 0.4}}},
         "real_width": {
             "commit": "abc1234",
@@ -166,6 +167,7 @@ def test_bench_tables_say_what_is_measured_and_what_did_not_finish(tmp_path):
     atomic.write_json(tmp_path / layout.BENCH, bench())
     text, changed = readme.render(doc, tmp_path)
     assert changed == ["real_width", "real_run"] and "From `make real-width` at commit abc1234" in text
+    assert "(AMD EPYC, 2 cores, fp32 matmul peak 119 GFLOP/s)" in text  # the times are this CPU's
     assert "| `export@64` | 10 s, 0.4 GiB | 100 s, 5.0 GiB, 4.0 GiB / 6.2 | 800 s, 30.0 GiB |" in text
     assert "30.0 GiB peak anonymous memory (`export@64`), within the budget 35.5 GiB" in text
     assert "2.5 h on 2 cores" in text and "146 at L=64, 193 at L=256" in text and "did not finish" not in text

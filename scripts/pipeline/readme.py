@@ -286,11 +286,14 @@ BENCH_TABLES = {"real_width": real_width_table, "real_run": real_run_table}
 
 
 def bench_line(bench: dict) -> str:
+    """Which run, when, and on what: times are this CPU's (the matmul-bound stages scale with its peak)."""
     real = bench["real_width"]
+    peak = ((bench.get("efficiency") or {}).get("matmul_peak") or {}).get("gflops")
     return (
         f"From `make real-width` at commit {real.get('commit') or 'unknown'} with `make bench` at "
-        f"{bench['measured_utc']} ({bench['machine']['cpu']}, {bench['machine']['cores']} cores); "
-        "`results/bench.json`, rendered by `make readme`."
+        f"{bench['measured_utc']} ({bench['machine']['cpu']}, {bench['machine']['cores']} cores"
+        + (f", fp32 matmul peak {peak:.0f} GFLOP/s" if peak else "")
+        + "); `results/bench.json`, rendered by `make readme`."
     )
 
 
