@@ -35,6 +35,7 @@ def test_tiny_fetch_writes_snapshot_and_record(tmp_path, tiny_cache):
     assert not (tmp_path / "hf.partial").exists()
     runtime = json.loads((tmp_path / "results" / "runtime" / "fetch.json").read_text())  # every stage leaves one
     assert runtime["stage"] == "fetch" and runtime["seconds"] > 0 and runtime["peak_rss_bytes"] > 2**20
+    assert 0 < runtime["startup_seconds"] < runtime["seconds"]  # its imports: what the bench does not scale
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,11 @@ def test_extrapolation_scales_what_grows_with_the_weights():
     tiny["stages"]["export@64"]["peak_anon_gib"], real["stages"]["export@64"]["peak_anon_gib"] = 0.5, 2.0
     tiny["stages"]["verify_model"] = {"seconds": 5.0, "peak_anon_gib": 0.5}
     real["stages"]["verify_model"] = {"seconds": 50.0, "peak_anon_gib": 6.0}  # the stack + a float64 layer
+    # a stage's start-up (its imports) is the same at any depth: only the rest grows 8x
+    tiny["stages"]["export@256"] = {"seconds": 12.0}
+    real["stages"]["export@256"] = {"seconds": 40.0, "startup_seconds": 6.0}
     out = report.extrapolate(tiny, real)
+    assert out["stages"]["export@256"]["seconds"] == 6.0 + 8 * 34.0
     # more than one stack copy above the runtime: only one copy's worth grows with the depth
     assert out["stages"]["verify_model"]["peak_anon_gib"] == 6.0 + 7 * (4e9 / 2**30)
     assert out["blocks"] == 8

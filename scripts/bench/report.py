@@ -88,6 +88,7 @@ def stage_records(ws: Path) -> dict:
     for name, r in records.items():
         out[name] = {
             "seconds": r["seconds"],
+            **({"startup_seconds": r["startup_seconds"]} if "startup_seconds" in r else {}),
             "peak_rss_gib": r["peak_rss_bytes"] / 2**30,
             # anonymous memory (scripts/pipeline/measure.py): absent from records made before it was sampled
             **({"peak_anon_gib": r["peak_anon_bytes"] / 2**30} if "peak_anon_bytes" in r else {}),
@@ -214,7 +215,9 @@ def extrapolate(tiny: dict, real: dict) -> dict:
       weights up to one copy of the real-width stack, which grows 8x, and beyond that per-layer work
       (one layer converted to float64, activations at the same L), which does not: the real-width
       figure + 7 x the first part. `*_upper` scales all of it 8x, an upper bound;
-    - time: 8 x the real-width time, an upper bound (each stage's fixed start-up is scaled too);
+    - time: the stage's start-up (process start to its main(): imports, the same at any depth) + 8 x
+      the rest, an upper bound (the rest's fixed work, loading the interpreter, is scaled too); 8 x
+      all of it for a record made before start-up was kept;
     - AS_MEASURED stages: as measured at real width, and so the time of a GPU stage that runs the first
       block only (verify_gpu.layers: block): it loads, references and runs that block at any depth."""
     blocks = CLEF_FLASH_LAYERS // real["layers"] if real.get("layers") else None
@@ -230,8 +233,9 @@ def extrapolate(tiny: dict, real: dict) -> dict:
             out[name] = {"seconds": r["seconds"], **{k: r[k] for k in memory}}
         else:
             times = 1 if gpu_block and stage_size(name)[0] in GPU_STAGES else blocks
+            startup = r.get("startup_seconds", 0.0)
             out[name] = {
-                "seconds": times * r["seconds"],
+                "seconds": startup + times * (r["seconds"] - startup),
                 **({"accelerator_seconds": times * r["accelerator_seconds"]} if "accelerator_seconds" in r else {}),
                 **{k: r[k] + (blocks - 1) * min(max(r[k] - t[k], 0.0), stack_gib) for k in memory},
                 **{f"{k}_upper": t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},

@@ -256,7 +256,8 @@ def real_run_table(bench: dict) -> str:
                 else ""
             )
             + partial,
-            f"extrapolated: {blocks} x the real-width time (an upper bound), L and pairs the run did not have "
+            f"extrapolated: each stage's start-up (its imports) + {blocks} x the rest of its real-width time (an "
+            "upper bound), L and pairs the run did not have "
             "interpolated; the first-block benchmark and the kernel stages as measured",
         ],
         [
