@@ -60,7 +60,6 @@ def main() -> None:
 
     # torch first: its checks fill `refs` (the row graph's and transformers' results, kept); then the
     # stack is freed and the interpreter's checks read them, so the weights are never in memory twice
-    references.save(references.for_pair(model, host, a.prefix, a.suffix), layout.reference_path(path))
     shapes = pair_graph.state_shapes(model, a.prefix)
     vocab = model.config.vocab_size
     refs = pair_check.References(model, host, a.prefix, a.suffix)
@@ -74,6 +73,8 @@ def main() -> None:
         shapes,
     )
     rows = [{"backend": "torch", **r} for r in pair_check.check(runner, refs, vocab, pad_guard_control=True)]
+    # the release packages it and reruns it wherever it lands
+    references.save(pair_check.reference_record(refs, host, vocab), layout.reference_path(path))
     del runner, model
     refs.free()
     gc.collect()

@@ -16,6 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 MB = 2**20
 
 
+@pytest.mark.parametrize(("budget", "timed"), [(None, 7), (100.0, 7), (0.05, 3), (0.0, 3)])
+def test_a_latency_median_stops_after_three_calls_once_its_budget_is_spent(budget, timed):
+    """verify_tflite's latency: a slow graph is timed 3 times, not latency_repeats times; never fewer."""
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.03)
+
+    assert measure.median_seconds(slow, 7, budget) >= 0.03
+    assert len(calls) == 1 + timed  # the warm-up, then the timed calls
+
+
 def test_anon_peak_sees_a_transient_allocation():
     sampler = measure.AnonPeak(interval=0.005).start()
     before = measure.memory_status()["anon"]

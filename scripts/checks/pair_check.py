@@ -2,14 +2,20 @@
 
 - chaining: suffix(prefix(x[:p]), x[p:p+s]) vs row(x[:p+s]) at the suffix positions, and the
   prefix's own hidden vs the row at the prefix positions, for p in {1, P/2, P} (1 and P/2 leave the
-  prefix right-padded) and s in {1, S};
+  prefix right-padded) and s in {1, S}. The row is run once per p, over x[:p+S]: its first p+s
+  positions are row(x[:p+s])'s, since a real position is blind to what follows it (verify_model's
+  causality check holds that exact to its bound);
 - the prefix state vs transformers' own cache after the same tokens, the stock classes computed in
   float64 (the bound) and in fp32 (recorded): the recurrent state divided by 2^vs, the conv state
   (its last K-1 inputs), K and V at the real slots, and the slot flags;
 - reuse: one prefix state, three different suffixes, each against its own full row.
-Controls (scripts/checks/controls.py), in every chaining row: the suffix fed the prefix state with its
-recurrent states zeroed; and, where the graph can be changed (torch), the prefix run without the pad
-guard. Errors: scripts/checks/compare.py, global and per position.
+The three share their P/2 prefix: one state, run once, serves chaining, both controls' comparison,
+the stock caches and the three reuse questions (the first is chaining's own suffix), so reuse also
+sees a state that several suffixes have already read.
+Controls (scripts/checks/controls.py), in the chaining rows with all S suffix tokens: the suffix fed
+the prefix state with its recurrent states zeroed; and, where the graph can be changed (torch) and
+the prefix is padded (the only place a pad exists to guard), the prefix run without the pad guard.
+Errors: scripts/checks/compare.py, global and per position.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from scripts.checks import compare, controls, model_check
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
+from scripts.release import references
 
 
 def chaining_lengths(P: int, S: int) -> tuple[list[int], list[int]]:
@@ -28,36 +35,69 @@ def chaining_lengths(P: int, S: int) -> tuple[list[int], list[int]]:
     return sorted({1, P // 2, P}), sorted({1, S})
 
 
+def shared_length(P: int) -> int:
+    """The prefix length the state and reuse checks (and the release's reference record) share with
+    chaining: P/2, half padded."""
+    return max(1, P // 2)
+
+
+def chaining_tokens(P: int, S: int, vocab: int, seed: int) -> dict[int, list[int]]:
+    """{p: p + S token ids} per chaining prefix length p: a suffix of s tokens reads the first p + s."""
+    return {p: model_check.random_ids(p + S, vocab, seed + 100 * p) for p in chaining_lengths(P, S)[0]}
+
+
+class PrefixRuns:
+    """A runner's prefix, run once per token sequence and kept for the checks that share it."""
+
+    def __init__(self, runner: PairRunner):
+        self.runner, self.kept = runner, {}
+
+    def __call__(self, ids) -> tuple[torch.Tensor, PairState]:
+        key = tuple(ids)
+        if key not in self.kept:
+            self.kept[key] = self.runner.prefix(list(ids))
+        return self.kept[key]
+
+
 def chaining(
-    runner: PairRunner, refs: References, vocab: int, seed: int, pad_guard_control: bool = False
+    runner: PairRunner,
+    refs: References,
+    vocab: int,
+    seed: int,
+    pad_guard_control: bool = False,
+    prefixes: PrefixRuns | None = None,
 ) -> list[dict]:
     """pad_guard_control: also chain with the prefix run under controls.without_pad_guard() (only a
     torch runner can: a LiteRT graph has its guard built in)."""
     P, S = runner.P, runner.S
+    prefixes = prefixes or PrefixRuns(runner)
     rows = []
-    prefixes, suffixes = chaining_lengths(P, S)
-    for p in prefixes:
-        tokens = model_check.random_ids(p + S, vocab, seed + 100 * p)  # each s reads its first p + s
-        prefix_hidden, state = runner.prefix(tokens[:p])  # one prefix run serves every s
+    _, suffixes = chaining_lengths(P, S)
+    for p, tokens in chaining_tokens(P, S, vocab, seed).items():
+        prefix_hidden, state = prefixes(tokens[:p])  # one prefix run serves every s
+        ref = refs.row(tokens)  # one row run serves every s (causality: see the module docstring)
         cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
-        if pad_guard_control:
+        unguarded = None
+        if pad_guard_control and p < P:
             with controls.without_pad_guard():
                 _, unguarded = runner.prefix(tokens[:p])
         for s in suffixes:
             ids = tokens[: p + s]
             hidden = runner.suffix(state, ids[p:])
-            ref = refs.row(ids)
             r = {
                 "check": "chaining",
                 "p": p,
                 "s": s,
                 "prefix_padded": p < P,
                 **compare.figures("vs_row", hidden, ref[:, p : p + s]),
-                "control_zero_state_rel_vs_row": compare.rel(runner.suffix(cut, ids[p:]), ref[:, p : p + s]),
                 "finite": bool(torch.isfinite(hidden).all()),
             }
-            if pad_guard_control:
-                r["control_no_pad_guard_rel_vs_row"] = compare.rel(runner.suffix(unguarded, ids[p:]), ref[:, p : p + s])
+            if s == S:  # the controls: where the most suffix tokens read the state
+                r["control_zero_state_rel_vs_row"] = compare.rel(runner.suffix(cut, ids[p:]), ref[:, p : p + s])
+                if unguarded is not None:
+                    r["control_no_pad_guard_rel_vs_row"] = compare.rel(
+                        runner.suffix(unguarded, ids[p:]), ref[:, p : p + s]
+                    )
             rows.append(r)
             if s == suffixes[0]:  # the prefix hidden does not depend on s
                 rows.append(
@@ -71,14 +111,17 @@ def chaining(
     return rows
 
 
-def reuse(runner: PairRunner, refs: References, vocab: int, seed: int) -> list[dict]:
+def reuse(
+    runner: PairRunner, refs: References, vocab: int, seed: int, prefixes: PrefixRuns | None = None
+) -> list[dict]:
     P, S = runner.P, runner.S
-    p = P // 2
-    shared = model_check.random_ids(p, vocab, seed)
-    _, state = runner.prefix(shared)
+    p = shared_length(P)
+    tokens = chaining_tokens(P, S, vocab, seed)[p]
+    shared = tokens[:p]
+    _, state = (prefixes or PrefixRuns(runner))(shared)
     rows = []
     for k in range(3):
-        question = model_check.random_ids(S, vocab, seed + 1 + k)
+        question = tokens[p:] if k == 0 else model_check.random_ids(S, vocab, seed + k)
         hidden = runner.suffix(state, question)
         ref = refs.row(shared + question)[:, p : p + S]
         rows.append(
@@ -102,7 +145,7 @@ class References:
     before is then an error naming it, never a silent recomputation)."""
 
     def __init__(self, model, host, P: int, S: int):
-        self.model, self.host, self.length = model, host, P + S
+        self.model, self.host, self.P, self.S, self.length = model, host, P, S, P + S
         self.graph = ClefRowPrefill(model, P + S).eval()
         self.twin = patch.stock_twin(model)
         self.hidden, self.caches = {}, {}
@@ -153,11 +196,13 @@ def cache_entries(model, cache) -> dict:
     return out
 
 
-def state_vs_transformers(runner: PairRunner, refs: References, vocab: int, seed: int) -> list[dict]:
+def state_vs_transformers(
+    runner: PairRunner, refs: References, vocab: int, seed: int, prefixes: PrefixRuns | None = None
+) -> list[dict]:
     """The prefix state after p = P/2 tokens vs the stock caches after the same tokens: a row per entry."""
-    p = runner.P // 2
-    ids = model_check.random_ids(p, vocab, seed)
-    _, state = runner.prefix(ids)
+    p = shared_length(runner.P)
+    ids = chaining_tokens(runner.P, runner.S, vocab, seed)[p][:p]
+    _, state = (prefixes or PrefixRuns(runner))(ids)
     exact, fp32 = refs.stock_state(ids)
     scale = 2.0**runner.vs
     rows = []
@@ -191,8 +236,17 @@ def state_vs_transformers(runner: PairRunner, refs: References, vocab: int, seed
 def check(
     runner: PairRunner, refs: References, vocab: int, seed: int = 0, pad_guard_control: bool = False
 ) -> list[dict]:
+    prefixes = PrefixRuns(runner)  # the P/2 prefix is run once for all three
     return (
-        chaining(runner, refs, vocab, seed, pad_guard_control)
-        + reuse(runner, refs, vocab, seed + 7)
-        + state_vs_transformers(runner, refs, vocab, seed + 13)
+        chaining(runner, refs, vocab, seed, pad_guard_control, prefixes)
+        + reuse(runner, refs, vocab, seed, prefixes)
+        + state_vs_transformers(runner, refs, vocab, seed, prefixes)
     )
+
+
+def reference_record(refs: References, host, vocab: int, seed: int = 0) -> dict:
+    """The pair's reference record for the release (scripts/release/references.py): check()'s shared
+    half-full prefix, then its full suffix, against the row it was checked against."""
+    p = shared_length(refs.P)
+    tokens = chaining_tokens(refs.P, refs.S, vocab, seed)[p]
+    return references.pair_reference(host, tokens, p, refs.P, refs.S, refs.row(tokens))

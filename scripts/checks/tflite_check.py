@@ -18,6 +18,7 @@ def interpreter(path, threads: int | None = None):
 
 
 RECORD_KINDS = ("full", "padded", "one_token")
+REFERENCE_KIND = "padded"  # the record a graph's reference record (scripts/release/references.py) carries
 
 
 def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict:
@@ -72,19 +73,19 @@ def run(runner, inputs: dict) -> torch.Tensor:
     return torch.from_numpy(out["hidden"].copy())
 
 
-def torch_seconds(graph, inputs: dict, repeats: int) -> float:
-    """Median seconds of the torch row graph on a record (one warm-up first)."""
+def torch_seconds(graph, inputs: dict, repeats: int, budget_seconds: float | None = None) -> float:
+    """Median seconds of the torch row graph on a record (one warm-up first; measure.median_seconds)."""
     with torch.no_grad():
-        return median_seconds(lambda: graph(**inputs), repeats)
+        return median_seconds(lambda: graph(**inputs), repeats, budget_seconds)
 
 
-def litert_seconds(runner, inputs: dict, repeats: int) -> float:
-    """Median seconds of the interpreter on a record (one warm-up first)."""
+def litert_seconds(runner, inputs: dict, repeats: int, budget_seconds: float | None = None) -> float:
+    """Median seconds of the interpreter on a record (one warm-up first; measure.median_seconds)."""
     feeds = {k: v.numpy().astype(np.float32) for k, v in inputs.items()}
-    return median_seconds(lambda: runner(**feeds), repeats)
+    return median_seconds(lambda: runner(**feeds), repeats, budget_seconds)
 
 
-def latency(litert_s: float, torch_s: float, repeats: int) -> dict:
+def latency(litert_s: float, torch_s: float, repeats: int, budget_seconds: float | None = None) -> dict:
     """The two medians, measured in one process one after the other (torch first, then the stack is
     freed and the interpreter loads: the two never share memory), and their ratio."""
     return {
@@ -92,4 +93,5 @@ def latency(litert_s: float, torch_s: float, repeats: int) -> dict:
         "torch_median_s": torch_s,
         "torch_over_litert": torch_s / litert_s,
         "repeats": repeats,
+        **({"budget_seconds": budget_seconds} if budget_seconds is not None else {}),
     }

@@ -210,7 +210,12 @@ SCHEMA = {
         }
     ),
     "verify_tflite": mapping(
-        {"max_rel_vs_torch": THRESHOLD, "max_rel_per_position_vs_torch": THRESHOLD, "latency_repeats": count}
+        {
+            "max_rel_vs_torch": THRESHOLD,
+            "max_rel_per_position_vs_torch": THRESHOLD,
+            "latency_repeats": count,
+            "latency_seconds": positive_number,
+        }
     ),
     "pairs": pairs_list,
     "verify_pair": mapping(
