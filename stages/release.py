@@ -130,13 +130,14 @@ def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_record
         raise ClefError(f"{rel_path}: reference record: {found[0]}")
     contract = it["metadata"]["contract"]
     export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
+    digests = builder.graph_digests(build / rel_path)
     return rel_path, {
         "kind": it["kind"],
         **it["shape"],
         "form": form,
-        "sha256": snapshot.sha256_file(build / rel_path),
+        "sha256": digests["sha256"],
         "bytes": (build / rel_path).stat().st_size,
-        "md5": builder.md5_file(build / rel_path),
+        "md5": digests["md5"],
         "dvc_lock": {
             "stage": export_stage,
             "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
@@ -232,7 +233,7 @@ def build(
     name = builder.release_name(rec, form)
     signed = signing.section(key)
     atomic.write_text(build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed))
-    files = builder.file_table(build_dir)
+    files = builder.file_table(build_dir, {rel: a["sha256"] for rel, a in artifacts.items()})
     manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed)
     atomic.write_json(build_dir / reader.MANIFEST, manifest)
     if key is not None:

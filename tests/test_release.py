@@ -417,7 +417,7 @@ def rehash(root: Path, names: list[str]) -> None:
         entry = {"sha256": snapshot.sha256_file(root / name), "size": (root / name).stat().st_size}
         manifest["files"][name] = entry
         if name in manifest["artifacts"]:
-            manifest["artifacts"][name].update(sha256=entry["sha256"], md5=builder.md5_file(root / name))
+            manifest["artifacts"][name].update(sha256=entry["sha256"], md5=builder.graph_digests(root / name)["md5"])
     atomic.write_json(root / reader.MANIFEST, manifest)
 
 

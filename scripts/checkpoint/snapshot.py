@@ -10,9 +10,11 @@ truncated or altered shard is refused before any weight is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
@@ -29,11 +31,27 @@ def snapshot_dir(cache: Path, repo: str, revision: str) -> Path:
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:
     """Hex digest of a file, read in chunks (snapshot shards and graphs are many GB)."""
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
+    return file_digests(path, (algorithm,))[algorithm]
+
+
+def file_digests(path: Path, algorithms: tuple[str, ...]) -> dict[str, str]:
+    """{algorithm: hex digest} of a file, every algorithm from one read; with more than one, each
+    chunk is hashed by them side by side (hashlib releases the GIL on large updates), so a release
+    graph costs one read and its slowest hash, not the sum."""
+    hashes = [hashlib.new(a) for a in algorithms]
+    with contextlib.ExitStack() as stack:
+        pool = (
+            stack.enter_context(ThreadPoolExecutor(len(hashes), thread_name_prefix="digest"))
+            if len(hashes) > 1
+            else None
+        )
+        f = stack.enter_context(open(path, "rb"))
         while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
+            if pool is None:
+                hashes[0].update(block)
+            else:
+                list(pool.map(lambda h, b=block: h.update(b), hashes))
+    return {a: h.hexdigest() for a, h in zip(algorithms, hashes, strict=True)}
 
 
 def sha256_file(path: Path) -> str:

@@ -15,16 +15,11 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from scripts.checkpoint.snapshot import file_digest, sha256_file
+from scripts.checkpoint.snapshot import file_digests, sha256_file
 from scripts.pipeline import atomic, params
 from scripts.release.reader import HOST_TENSORS, HOST_WEIGHTS, MANIFEST, host_tables, tensor_sha256
 
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
-
-
-def md5_file(path: Path) -> str:
-    """The hash DVC records for a file in dvc.lock, to tie the release back to the stage that made it."""
-    return file_digest(path, "md5")
 
 
 def check_host_weights(mode) -> str:
@@ -119,13 +114,21 @@ def lock_stages(path: Path = Path("dvc.lock")) -> dict:
     }
 
 
-def file_table(root: Path) -> dict:
-    """{relative path: {sha256, size}} of every file under root except the manifest."""
+def file_table(root: Path, known: dict[str, str] | None = None) -> dict:
+    """{relative path: {sha256, size}} of every file under root except the manifest; `known`:
+    {relative path: sha256} of files this build hashed already (the graphs), not read again."""
+    known = known or {}
     return {
-        str(f.relative_to(root)): {"sha256": sha256_file(f), "size": f.stat().st_size}
+        rel: {"sha256": known.get(rel) or sha256_file(f), "size": f.stat().st_size}
         for f in sorted(root.rglob("*"))
-        if f.is_file() and f.relative_to(root) != Path(MANIFEST)
+        if f.is_file() and (rel := str(f.relative_to(root))) != MANIFEST
     }
+
+
+def graph_digests(path: Path) -> dict[str, str]:
+    """A graph's sha256 (the manifest's integrity hash) and md5 (the hash DVC records for it in
+    dvc.lock, which ties the release back to the stage that made it), from one read."""
+    return file_digests(path, ("sha256", "md5"))
 
 
 # zstd level 1: a release is mostly fp32 weights widened from bf16; on a real-width graph level 1
