@@ -6,10 +6,15 @@ by-length tables `dvc plots show` draws -> results/plots/.
 With params.yaml `release.signing_key` set, the release directory, manifest included, is signed with
 that key (scripts/release/signing.py) before either output is swapped in.
 
+Runs no graph: each reference record's figures are the ones its verify stage measured running that
+record, read back from disk, through the graph (scripts/release/references.py); the record's sha256
+ties the two.
+
 Refuses, before building anything, a signing key that cannot sign, an artifact that is missing, whose
 metadata names another revision, form or shape, whose verify stage did not pass or left no reference
-record; and after running each reference record, one whose error is over the threshold its verify
-stage held it to. A refusal leaves the previous release and tarball in place and no build directory.
+record or figures; and as it packages each, a reference record that is not the one measured, or
+whose error is over the threshold its verify stage held it to. A refusal leaves the previous release
+and tarball in place and no build directory.
 """
 
 import shutil
@@ -94,6 +99,7 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
     for it in items:
         graph = layout.require(it["path"])
         layout.require(layout.reference_path(graph))
+        layout.require(layout.reference_figures_path(graph))
         want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
         meta = tflite_file.read_metadata(graph)
         bad = tflite_file.metadata_mismatches(meta, want)
@@ -108,14 +114,18 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
 
 def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_recorded: float) -> tuple[str, dict]:
     """One graph into the release: placed, with the reference record its verify stage computed
-    (results/references/), rerun in the interpreter and held to the bounds that stage held the graph
-    to, and its manifest entry."""
+    (results/references/) and the figures that stage measured running it through the graph, held to
+    the bounds that stage held the graph to, and its manifest entry."""
     rel_path = f"{it['kind']}s/{it['path'].name}"
     builder.place(it["path"], build / rel_path)
     check_file = f"checks/{it['path'].stem}.safetensors"
-    builder.place(layout.require(layout.reference_path(it["path"])), build / check_file)
-    record = reader.load_reference(build, check_file)
-    measured = reader.run_reference(build / rel_path, it["kind"], record)
+    record_path = layout.reference_path(it["path"])
+    builder.place(record_path, build / check_file)
+    figures_path = layout.reference_figures_path(it["path"])
+    measured = layout.read_record(figures_path)
+    if snapshot.sha256_file(build / check_file) != measured["record_sha256"]:
+        stage = layout.producer_of(record_path)
+        raise ClefError(f"{record_path} is not the record {stage} measured ({figures_path}); rerun {stage}")
     bounds = it["bounds"]
     reference = {
         "file": check_file,

@@ -73,7 +73,7 @@ def main() -> None:
         shapes,
     )
     rows = [{"backend": "torch", **r} for r in pair_check.check(runner, refs, vocab, pad_guard_control=True)]
-    # the release packages it and reruns it wherever it lands
+    # the release packages it; `clef verify` reruns it wherever it lands
     references.save(pair_check.reference_record(refs, host, vocab), layout.reference_path(path))
     del runner, model
     refs.free()
@@ -90,6 +90,8 @@ def main() -> None:
         shapes,
     )
     rows += [{"backend": "litert", **r} for r in pair_check.check(runner, refs, vocab)]
+    # the saved record read back through this graph: the figures the release states for it
+    reference = references.measure(path, "pair", interp)
     backends = ("torch", "litert")
     problems += compare.judge(rows, limits)
     found = {}
@@ -124,7 +126,10 @@ def main() -> None:
         "controls_required_over_threshold": min_over,
     }
     name = layout.pair_name(a.prefix, a.suffix)
-    atomic.write_json(layout.result_path(name), {"summary": summary, "census": census, "metadata": meta, "rows": rows})
+    atomic.write_json(
+        layout.result_path(name),
+        {"summary": summary, "census": census, "metadata": meta, "reference_record": reference, "rows": rows},
+    )
     metrics.write(
         name,
         passed=summary["passed"],

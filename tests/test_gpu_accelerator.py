@@ -411,7 +411,8 @@ def test_the_pairs_first_layer_on_the_gpu_matches_torch_cut_to_that_layer(two_la
 @pytest.mark.parametrize("subset", [False, True])
 def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_prefix(two_layer_model, subset):
     """The GPU check of a pair in two batches per mode: the distinct prefixes (the last one is also
-    the prefix signature's check), then every suffix. Torch stands in for the GPU: the signature rows
+    the prefix signature's check), then one suffix per prefix (the shorter chaining suffixes are its
+    head) and the suffix signature's. Torch stands in for the GPU: the signature rows
     are then exact, and the chaining rows as close to the row graph as the torch pair is. With every
     prefix of the CPU check and with the stage's GPU subset (one half-padded prefix)."""
     model, host = two_layer_model
@@ -439,7 +440,7 @@ def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_p
 
     shapes = pair_graph.state_shapes(model, P)
     rows = gpu_check.pair_rows({"fp32": torch_run}, host, signature, chaining, P, S, "R64+sp+ec+dd+vs6", shapes)
-    assert batches == [("prefix", len(prefixes)), ("suffix", len(prefixes) * len(suffixes) + 1)]
+    assert batches == [("prefix", len(prefixes)), ("suffix", len(prefixes) + 1)]
     assert [(r["signature"], r["rel_vs_torch"]) for r in rows if r["check"] == "signature"] == [
         ("prefix", 0.0),
         ("suffix", 0.0),
@@ -447,6 +448,10 @@ def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_p
     chained = [r for r in rows if r["check"] == "chaining"]
     assert {(r["p"], r["s"]) for r in chained} == {(p, s) for p in prefixes for s in suffixes}
     assert all(r["finite"] for r in chained) and max(r["rel_vs_torch"] for r in chained) < 1e-5, chained
+    # a short suffix whose tokens are not the head of the long one's cannot be read off its run
+    chaining[0]["ids"] = chaining[0]["ids"][:-1] + [chaining[0]["ids"][-1] + 1]
+    with pytest.raises(ValueError, match="not the head of its longest suffix"):
+        gpu_check.pair_rows({"fp32": torch_run}, host, signature, chaining, P, S, "R64+sp+ec+dd+vs6", shapes)
 
 
 BOUNDS = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}

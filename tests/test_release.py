@@ -181,6 +181,19 @@ def test_make_release_output(pipeline, built):
         assert manifest["files"][art["reference"]["file"]]["sha256"] == snapshot.sha256_file(computed), path
         ref = art["reference"]
         assert ref["max_rel"] <= ref["threshold"] and ref["max_rel_per_position"] <= ref["threshold_per_position"]
+        # the release ran no graph: its figures are what the verify stage measured on that very record,
+        # and what running it through the packaged graph (as `clef verify` does) gives, to the last bit
+        measured = json.loads((pipeline["repo"] / layout.reference_figures_path(Path(path))).read_text())
+        assert measured["record_sha256"] == manifest["files"][ref["file"]]["sha256"], path
+        rerun = reader.run_reference(built / path, art["kind"], reader.load_reference(built, ref["file"]))
+        assert (
+            (ref["max_rel"], ref["max_rel_per_position"])
+            == (
+                measured["rel_vs_expected"],
+                measured["rel_per_position_vs_expected"],
+            )
+            == (rerun["rel_vs_expected"], rerun["rel_per_position_vs_expected"])
+        ), path
         for sig in art["signatures"].values():
             assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])
     assert {"fetch", "stack", "verify_kernel", "export_stock"} <= set(manifest["stages"])
@@ -602,6 +615,18 @@ def edit_params(old: str, new: str):
         (
             edit_params("signing_key: /", "signing_key: /nonexistent/"),
             ["release.signing_key: no key file /nonexistent/"],
+        ),
+        # as it packages the first graph: its reference record is not the one verify_tflite measured
+        (
+            lambda repo: shutil.copy(
+                repo / "results/references/row_L128.safetensors", repo / "results/references/row_L64.safetensors"
+            ),
+            ["results/references/row_L64.safetensors is not the record verify_tflite measured", "rerun verify_tflite"],
+        ),
+        # before any work: what verify_pair measured running a pair's reference record is missing
+        (
+            lambda repo: (repo / "results/references/pair_P64_S64.json").unlink(),
+            ["no results/references/pair_P64_S64.json: run the verify_pair stage first"],
         ),
         # before any work: a graph's reference record, which its verify stage writes, is missing
         (

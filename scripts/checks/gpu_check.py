@@ -240,29 +240,41 @@ def _signature_row(mode: str, name: str, p: int, outs: dict, ref: dict) -> dict:
 def pair_rows(
     runs: dict, host: Host, signature: dict, chaining: list[dict], P: int, S: int, form: str, state_shapes: dict
 ) -> list[dict]:
-    """Per mode, two batches on the GPU: every distinct prefix, then every suffix.
+    """Per mode, two batches on the GPU: every distinct prefix, then one suffix per prefix.
     - signature (signature_references): each signature alone vs torch, the suffix fed torch's state;
     - chaining (chaining_references): suffix(prefix(x[:p]), x[p:p+s]) vs the row graph (fp32) and stock
       float64 (fp16).
-    A chaining prefix on the signature check's tokens is the signature check's prefix run, not a second run."""
+    A chaining prefix on the signature check's tokens is the signature check's prefix run, not a second
+    run; a chaining suffix of s tokens is the head of the longest suffix on its prefix (a real position
+    is blind to what follows it, as scripts/checks/pair_check.py's rows are), not a run of its own. The
+    references stay computed per s, so the head is held to each independently."""
     rows = []
     pair = PairRunner(host, None, None, P, S, form, state_shapes)
     prefix_feeds = {tuple(signature["ids"]): signature["prefix"][0]}
     for ref in chaining:
         prefix_feeds.setdefault(tuple(ref["ids"][: ref["p"]]), None)
     keys = list(prefix_feeds)
+    longest = {}  # p -> the ids of its longest chaining suffix
+    for ref in chaining:
+        if len(ref["ids"]) > len(longest.get(ref["p"], ())):
+            longest[ref["p"]] = ref["ids"]
+    for ref in chaining:
+        if list(longest[ref["p"]][: len(ref["ids"])]) != list(ref["ids"]):
+            raise ValueError(f"chaining tokens for p={ref['p']}, s={ref['s']} are not the head of its longest suffix's")
     for mode, run in runs.items():
         feeds = [prefix_feeds[k] if prefix_feeds[k] is not None else pair.prefix_inputs(list(k)) for k in keys]
         prefixes = dict(zip(keys, run("prefix", feeds), strict=True))
         first = prefixes[tuple(signature["ids"])]
         rows.append(_signature_row(mode, "prefix", signature["p"], first, signature["prefix"][1]))
-        states = [pair.prefix_result(dict(prefixes[tuple(ref["ids"][: ref["p"]])]), ref["p"]) for ref in chaining]
-        suffix_feeds = [
-            pair.suffix_inputs(state, ref["ids"][ref["p"] :]) for (_, state), ref in zip(states, chaining, strict=True)
-        ]
-        *suffixes, alone = run("suffix", [*suffix_feeds, signature["suffix"][0]])
+        states = {p: pair.prefix_result(dict(prefixes[tuple(ids[:p])]), p) for p, ids in longest.items()}
+        *suffixes, alone = run(
+            "suffix",
+            [*(pair.suffix_inputs(states[p][1], ids[p:]) for p, ids in longest.items()), signature["suffix"][0]],
+        )
         rows.append(_signature_row(mode, "suffix", signature["p"], alone, signature["suffix"][1]))
-        for ref, (prefix_hidden, state), outs in zip(chaining, states, suffixes, strict=True):
+        suffixes = dict(zip(longest, suffixes, strict=True))
+        for ref in chaining:
+            (prefix_hidden, state), outs = states[ref["p"]], suffixes[ref["p"]]
             p, s = ref["p"], ref["s"]
             out = outs["hidden"][0, :s]
             r = {

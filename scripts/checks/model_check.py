@@ -149,10 +149,11 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
 def causality(model, host: Host, length: int, vocab: int, seed: int) -> dict:
     """One record of n tokens: zero pads to L, garbage pads to L, and no pads (a graph of L = n).
 
-    Garbage vs zero pads at the same L must agree exactly (same shapes, same arithmetic). Across pad
-    amounts the fp32 shapes differ, so rounding differs (recorded); the float64 run of the same form
-    shows the arithmetic after the last token changes nothing before it. In a causal model this holds
-    with or without the pad guard: it shows causality, and cannot see the guard."""
+    Garbage vs zero pads at the same L must agree exactly in fp32 (same shapes, same arithmetic: an
+    exact match needs no float64 run). Across pad amounts the fp32 shapes differ, so rounding differs
+    (recorded); the float64 runs with and without the pads show the arithmetic after the last token
+    changes nothing before it. In a causal model this holds with or without the pad guard: it shows
+    causality, and cannot see the guard."""
     n = length // 2 + 3  # not a multiple of any chunk
     ids = random_ids(n, vocab, seed + 7 * length)
     zero = host.record(ids, length)
@@ -173,20 +174,13 @@ def causality(model, host: Host, length: int, vocab: int, seed: int) -> dict:
         run(garbage, length, torch.float32),
         run(bare, n, torch.float32),
     )
-    e_zero, e_garbage, e_bare = (
-        run(zero, length, torch.float64),
-        run(garbage, length, torch.float64),
-        run(bare, n, torch.float64),
-    )
+    e_zero, e_bare = run(zero, length, torch.float64), run(bare, n, torch.float64)
     return {
         "check": "causality",
         "L": length,
         "n_real": n,
-        "rel_causality": compare.largest(
-            [compare.rel(h_garbage, h_zero), compare.rel(e_garbage, e_zero), compare.rel(e_bare, e_zero)]
-        ),
+        "rel_causality": compare.largest([compare.rel(h_garbage, h_zero), compare.rel(e_bare, e_zero)]),
         "rel_garbage_vs_zero_pads": compare.rel(h_garbage, h_zero),
-        "rel_f64_garbage_vs_zero_pads": compare.rel(e_garbage, e_zero),
         "rel_f64_no_pads_vs_zero_pads": compare.rel(e_bare, e_zero),
         "fp32_rel_no_pads_vs_zero_pads": compare.rel(h_bare, h_zero),
         "finite": bool(torch.isfinite(h_garbage).all()),

@@ -12,9 +12,12 @@
 The three share their P/2 prefix: one state, run once, serves chaining, both controls' comparison,
 the stock caches and the three reuse questions (the first is chaining's own suffix), so reuse also
 sees a state that several suffixes have already read.
-Controls (scripts/checks/controls.py), in the chaining rows with all S suffix tokens: the suffix fed
-the prefix state with its recurrent states zeroed; and, where the graph can be changed (torch) and
-the prefix is padded (the only place a pad exists to guard), the prefix run without the pad guard.
+Controls (scripts/checks/controls.py), in the chaining row of the shared P/2 prefix (half padded, so
+there is a pad to guard) and one suffix token (all it knows of the context is the state, so a broken
+state shows fully, not diluted by suffix tokens that rebuild some of it): the suffix fed the prefix
+state with its recurrent states zeroed; and, where the graph can be changed (torch), the prefix run
+without the pad guard. A control shows the check can fail; one row each shows it, every row is not
+needed.
 Errors: scripts/checks/compare.py, global and per position.
 """
 
@@ -76,9 +79,9 @@ def chaining(
     for p, tokens in chaining_tokens(P, S, vocab, seed).items():
         prefix_hidden, state = prefixes(tokens[:p])  # one prefix run serves every s
         ref = refs.row(tokens)  # one row run serves every s (causality: see the module docstring)
-        cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
+        controlled = p == shared_length(P)
         unguarded = None
-        if pad_guard_control and p < P:
+        if controlled and pad_guard_control and p < P:
             with controls.without_pad_guard():
                 _, unguarded = runner.prefix(tokens[:p])
         for s in suffixes:
@@ -92,7 +95,8 @@ def chaining(
                 **compare.figures("vs_row", hidden, ref[:, p : p + s]),
                 "finite": bool(torch.isfinite(hidden).all()),
             }
-            if s == S:  # the controls: where the most suffix tokens read the state
+            if controlled and s == suffixes[0]:  # the controls: see the module docstring
+                cut = PairState(controls.zero_recurrent(state.tensors), state.form, state.vs, state.real_length)
                 r["control_zero_state_rel_vs_row"] = compare.rel(runner.suffix(cut, ids[p:]), ref[:, p : p + s])
                 if unguarded is not None:
                     r["control_no_pad_guard_rel_vs_row"] = compare.rel(

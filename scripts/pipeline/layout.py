@@ -62,6 +62,12 @@ def reference_path(graph: Path) -> Path:
     return REFERENCES / f"{Path(graph).stem}.safetensors"
 
 
+def reference_figures_path(graph: Path) -> Path:
+    """What the verify stage measured running that record through the graph (the figures the release
+    states), e.g. results/references/row_L64.json."""
+    return REFERENCES / f"{Path(graph).stem}.json"
+
+
 def gpu_name(length: int | None = None, prefix: int | None = None, suffix: int | None = None) -> str:
     """The GPU check of a row graph (length) or a pair (prefix, suffix): its metrics row's name."""
     return f"gpu_{row_name(length) if length is not None else pair_name(prefix, suffix)}"

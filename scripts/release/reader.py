@@ -112,12 +112,16 @@ def drift_problems(figures: dict, reference: dict) -> list[str]:
 def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
     """reference_error in the LiteRT interpreter."""
     from scripts.checks.tflite_check import interpreter
+
+    return reference_error(interpreter_signature(interpreter(path, threads)), kind, record)
+
+
+def interpreter_signature(graph):
+    """`signature(name)` for reference_error over a graph open in the interpreter
+    (scripts/checks/tflite_check.py's interpreter)."""
     from scripts.qwen35.host import litert_signature
 
-    interp = interpreter(path, threads)
-    return reference_error(
-        lambda name: litert_signature(interp.get_signature_runner(*([name] if name else []))), kind, record
-    )
+    return lambda name: litert_signature(graph.get_signature_runner(*([name] if name else [])))
 
 
 def expected_metadata(manifest: dict, artifact: dict) -> dict:

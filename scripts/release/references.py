@@ -1,9 +1,10 @@
 """A graph's reference record: fixed inputs and the torch output the graph must reproduce.
 
 The verify stage that already holds the torch model computes it (verify_tflite for a row graph,
-verify_pair for a pair) and writes it to results/references/; the release stage packages it and runs
-it through the graph in the interpreter, without loading the model again; `clef verify` reruns it
-wherever the release lands.
+verify_pair for a pair), writes it to results/references/, reads it back and runs it through the graph
+in the interpreter it already has open (`measure`): the record's sha256 and its error go beside it.
+The release stage packages the record with those figures, once the sha256 shows it is the record
+measured, and runs no graph; `clef verify` reruns it wherever the release lands.
 """
 
 from __future__ import annotations
@@ -32,6 +33,25 @@ def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_h
         **{f"suffix.{k}": v for k, v in host.record(ids[p:], suffix, start=p).items()},
         "expected": row_hidden[:, p : p + s].contiguous(),
     }
+
+
+def measure(graph_path: Path, kind: str, graph) -> dict:
+    """The record saved for the graph at `graph_path` (layout.reference_path), read back and run
+    through `graph` (scripts/litert/cpu_graph.py's CpuGraph, open on that file) -> {record_sha256,
+    rel_vs_expected, rel_per_position_vs_expected} (reader.reference_error, as `clef verify` computes
+    it), also written to layout.reference_figures_path for the release."""
+    from scripts.checkpoint import snapshot
+    from scripts.pipeline import atomic, layout
+    from scripts.release import reader
+
+    path = layout.reference_path(graph_path)
+    record = reader.load_reference(path.parent, path.name)
+    figures = {
+        "record_sha256": snapshot.sha256_file(path),
+        **reader.reference_error(reader.interpreter_signature(graph), kind, record),
+    }
+    atomic.write_json(layout.reference_figures_path(graph_path), figures)
+    return figures
 
 
 def save(record: dict, path: Path) -> None:
