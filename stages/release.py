@@ -112,10 +112,11 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
         it["metadata"], it["census"] = meta, tflite_file.census(graph)
 
 
-def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_recorded: float) -> tuple[str, dict]:
+def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_recorded: float) -> tuple[str, dict, dict]:
     """One graph into the release: placed, with the reference record its verify stage computed
     (results/references/) and the figures that stage measured running it through the graph, held to
-    the bounds that stage held the graph to, and its manifest entry."""
+    the bounds that stage held the graph to; -> its path, its manifest entry, and {path: sha256} of
+    the two files placed (hashed here, not again for the file table)."""
     rel_path = f"{it['kind']}s/{it['path'].name}"
     builder.place(it["path"], build / rel_path)
     check_file = f"checks/{it['path'].stem}.safetensors"
@@ -141,25 +142,29 @@ def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_record
     contract = it["metadata"]["contract"]
     export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
     digests = builder.graph_digests(build / rel_path)
-    return rel_path, {
-        "kind": it["kind"],
-        **it["shape"],
-        "form": form,
-        "sha256": digests["sha256"],
-        "bytes": (build / rel_path).stat().st_size,
-        "md5": digests["md5"],
-        "dvc_lock": {
-            "stage": export_stage,
-            "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
+    return (
+        rel_path,
+        {
+            "kind": it["kind"],
+            **it["shape"],
+            "form": form,
+            "sha256": digests["sha256"],
+            "bytes": (build / rel_path).stat().st_size,
+            "md5": digests["md5"],
+            "dvc_lock": {
+                "stage": export_stage,
+                "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
+            },
+            "signatures": builder.signatures(it["census"], contract),
+            "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
+            "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
+            "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
+            "verification": {c: read_metrics(c) for c in it["checks"]},
+            "gpu": gpu_section(it["gpu"]),
+            "reference": reference,
         },
-        "signatures": builder.signatures(it["census"], contract),
-        "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
-        "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
-        "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
-        "verification": {c: read_metrics(c) for c in it["checks"]},
-        "gpu": gpu_section(it["gpu"]),
-        "reference": reference,
-    }
+        {rel_path: digests["sha256"], check_file: measured["record_sha256"]},
+    )
 
 
 def manifest_of(
@@ -235,15 +240,16 @@ def build(
     build_dir.mkdir(parents=True)
     host_section = builder.host_files(snap, host, build_dir, p["release"]["host_weights"])
     lock = builder.lock_stages()
-    artifacts = {}
+    artifacts, hashed = {}, {}
     for i, it in enumerate(items, 1):
         print(f"release [{i}/{len(items)}] {it['path'].name}: reference record", flush=True)
-        rel_path, entry = artifact_entry(it, build_dir, lock, form, p["release"]["max_over_recorded"])
+        rel_path, entry, digests = artifact_entry(it, build_dir, lock, form, p["release"]["max_over_recorded"])
         artifacts[rel_path] = entry
+        hashed |= digests
     name = builder.release_name(rec, form)
     signed = signing.section(key)
     atomic.write_text(build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed))
-    files = builder.file_table(build_dir, {rel: a["sha256"] for rel, a in artifacts.items()})
+    files = builder.file_table(build_dir, hashed)
     manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed)
     atomic.write_json(build_dir / reader.MANIFEST, manifest)
     if key is not None:

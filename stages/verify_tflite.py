@@ -60,7 +60,7 @@ def main() -> None:
     )
     timed = host.record(model_check.random_ids(length, vocab, length), length)
     repeats, budget = int(p["verify_tflite"]["latency_repeats"]), float(p["verify_tflite"]["latency_seconds"])
-    torch_s = tflite_check.torch_seconds(graph, timed, repeats, budget)
+    torch_runs = tflite_check.torch_times(graph, timed, repeats, budget)
     del graph, model
     gc.collect()
 
@@ -75,7 +75,9 @@ def main() -> None:
     problems += compare.control_problems("memory_cut", control, limit, min_over)
     # the saved record read back through this graph: the figures the release states for it
     reference = references.measure(path, "row", interp)
-    timing = tflite_check.latency(tflite_check.litert_seconds(runner, timed, repeats, budget), torch_s, repeats, budget)
+    timing = tflite_check.latency(
+        tflite_check.litert_times(runner, timed, repeats, budget), torch_runs, repeats, budget
+    )
     doc = {
         "L": length,
         "form": form,

@@ -14,7 +14,7 @@ from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch, text_stack
 from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
-from scripts.release import reader
+from scripts.release import reader, references
 
 FORM = "R64+sp+ec+dd+vs6"
 
@@ -195,11 +195,11 @@ def test_clef_verify_fails_on_nan(patched):
         expected = ClefRowPrefill(model, 64)(**inputs)["hidden"][:, :20]
     record = {**inputs, "expected": expected}
     graph = ClefRowPrefill(model, 64).eval()
-    figures = reader.reference_error(lambda name: torch_fn(graph, poison=True), "row", record)
+    figures = references.reference_error(lambda name: torch_fn(graph, poison=True), "row", record)
     lines = reader.reference_problems(figures, {"threshold": 1e-4, "threshold_per_position": 1e-4})
     assert lines == [
         "rel_vs_expected is inf (NaN or inf in the output)",
         "rel_per_position_vs_expected is inf (NaN or inf in the output)",
     ]
-    good = reader.reference_error(lambda name: torch_fn(graph), "row", record)
+    good = references.reference_error(lambda name: torch_fn(graph), "row", record)
     assert reader.reference_problems(good, {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []

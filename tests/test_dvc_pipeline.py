@@ -46,6 +46,17 @@ def test_a_new_import_makes_the_deps_stale(tmp_path):
     assert "check_params" in stage_deps.rewrite(text, tmp_path)[1]
 
 
+def test_editing_the_release_code_reruns_no_verify_stage():
+    """The verify stages hours long at clef-flash size depend on the reference records' module only, not
+    on the release's reader or signing: an edit there reruns the release, not the graphs' checks."""
+    release_only = {"scripts/release/reader.py", "scripts/release/signing.py", "scripts/release/builder.py"}
+    for name in ("verify_tflite", "verify_pair", "verify_gpu_row", "verify_gpu_pair"):
+        deps = {d for d in STAGES[name]["deps"] if isinstance(d, str)}
+        assert "scripts/release/references.py" in deps or name.startswith("verify_gpu"), name
+        assert not deps & release_only, f"{name} depends on {sorted(deps & release_only)}"
+    assert release_only <= set(STAGES["release"]["deps"])
+
+
 def params_sections_read(entry: Path) -> set[str]:
     """The sections a stage asks scripts.pipeline.params.load for (a literal list in its entry point),
     and `memory` when it runs under run_stage's memory budget (every stage but a budget=False one)."""

@@ -18,7 +18,7 @@ import torch
 from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
-from scripts.release import builder, reader
+from scripts.release import builder, reader, references
 from tests.conftest import assert_one_line_error, clef, run_stage, tool_env
 
 
@@ -185,7 +185,7 @@ def test_make_release_output(pipeline, built):
         # and what running it through the packaged graph (as `clef verify` does) gives, to the last bit
         measured = json.loads((pipeline["repo"] / layout.reference_figures_path(Path(path))).read_text())
         assert measured["record_sha256"] == manifest["files"][ref["file"]]["sha256"], path
-        rerun = reader.run_reference(built / path, art["kind"], reader.load_reference(built, ref["file"]))
+        rerun = references.run_reference(built / path, art["kind"], references.load_reference(built, ref["file"]))
         assert (
             (ref["max_rel"], ref["max_rel_per_position"])
             == (

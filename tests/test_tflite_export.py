@@ -126,6 +126,43 @@ def test_metadata_of_a_model_with_external_buffers(clean_model, tmp_path):
         tflite_file.with_metadata(src.read_bytes(), meta)
 
 
+def test_the_data_shifted_in_place_is_the_data_copied(clean_model, tmp_path, monkeypatch):
+    """export.write hands its scratch file over to be shifted in place (fallocate INSERT_RANGE) and
+    renamed; where the filesystem cannot, the copy stands in. Both give the same bytes, and use the
+    scratch file up. Broken once: a shift that is not a whole block is refused, the file untouched."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    data = externalized(clean_model)
+    probe = tmp_path / "probe"
+    probe.write_bytes(data)
+    assert not tflite_file.shift_in_place(probe, tflite_file.DATA_ALIGN, b"x"), "a 64-byte shift is not a block"
+    assert probe.read_bytes() == data
+    assert tflite_file.shift_in_place(probe, tflite_file.HEAD_ROOM, b"head"), (
+        f"fallocate INSERT_RANGE is refused on {tmp_path}'s filesystem: the in-place path cannot be tested here"
+    )
+    assert probe.read_bytes() == b"head" + bytes(tflite_file.HEAD_ROOM - 4) + data
+    meta = {"revision": "2" * 40, "L": 4}
+    outs, shifted, real = {}, [], tflite_file.shift_in_place
+    for how, fake in (("in place", lambda *a: shifted.append(real(*a)) or shifted[-1]), ("copied", lambda *a: False)):
+        monkeypatch.setattr(tflite_file, "shift_in_place", fake)
+        raw, outs[how] = tmp_path / f"{how}.raw", tmp_path / f"{how}.tflite"
+        raw.write_bytes(data)
+        tflite_file.write_with_metadata(raw, outs[how], meta, consume=True)
+        assert not raw.exists()
+    assert shifted == [True]
+    kept = tmp_path / "kept.raw"
+    kept.write_bytes(data)
+    tflite_file.write_with_metadata(kept, tmp_path / "kept.tflite", meta)
+    assert kept.read_bytes() == data
+    assert outs["in place"].read_bytes() == outs["copied"].read_bytes() == (tmp_path / "kept.tflite").read_bytes()
+    assert tflite_file.read_metadata(outs["in place"]) == meta
+    x = np.random.default_rng(2).standard_normal((1, 4, 8)).astype(np.float32)
+    small = tmp_path / "small.tflite"
+    small.write_bytes(clean_model)
+    ys = [Interpreter(model_path=str(f)).get_signature_runner()(x=x)["y"] for f in (small, outs["in place"])]
+    assert np.array_equal(*ys)
+
+
 @pytest.mark.parametrize(
     "form, length, fragment",
     [

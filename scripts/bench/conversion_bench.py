@@ -11,6 +11,7 @@ Two steps, so that the caller frees the stack in between (the weights are never 
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from scripts.checks import model_check, tflite_check
@@ -52,7 +53,7 @@ def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEA
         "ops_per_gdn_layer_max": max(per_layer),
         "ops_per_gdn_layer_min": min(per_layer),
         "violations": tflite_file.violations(census),
-        "torch_median_s": tflite_check.torch_seconds(graph, inputs, repeats),
+        "torch_median_s": statistics.median(tflite_check.torch_times(graph, inputs, repeats)),
         "vocab": model.config.vocab_size,
     }
 
@@ -60,6 +61,7 @@ def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEA
 def litert_timed(doc: dict, path: Path, host: Host, repeats: int = REPEATS) -> dict:
     """`doc` from convert_timed with the interpreter's median latency on the same record added."""
     runner = tflite_check.interpreter(path).get_signature_runner()
-    doc = {**doc, "litert_median_s": tflite_check.litert_seconds(runner, bench_record(host, doc["vocab"]), repeats)}
+    runs = tflite_check.litert_times(runner, bench_record(host, doc["vocab"]), repeats)
+    doc = {**doc, "litert_median_s": statistics.median(runs)}
     del doc["vocab"]
     return doc

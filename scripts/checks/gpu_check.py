@@ -250,14 +250,14 @@ def pair_rows(
     references stay computed per s, so the head is held to each independently."""
     rows = []
     pair = PairRunner(host, None, None, P, S, form, state_shapes)
-    prefix_feeds = {tuple(signature["ids"]): signature["prefix"][0]}
-    for ref in chaining:
-        prefix_feeds.setdefault(tuple(ref["ids"][: ref["p"]]), None)
-    keys = list(prefix_feeds)
     longest = {}  # p -> the ids of its longest chaining suffix
     for ref in chaining:
         if len(ref["ids"]) > len(longest.get(ref["p"], ())):
             longest[ref["p"]] = ref["ids"]
+    prefix_feeds = {tuple(signature["ids"]): signature["prefix"][0]}
+    for p, ids in longest.items():
+        prefix_feeds.setdefault(tuple(ids[:p]), None)
+    keys = list(prefix_feeds)
     for ref in chaining:
         if list(longest[ref["p"]][: len(ref["ids"])]) != list(ref["ids"]):
             raise ValueError(f"chaining tokens for p={ref['p']}, s={ref['s']} are not the head of its longest suffix's")

@@ -62,6 +62,17 @@ class PrefixRuns:
         return self.kept[key]
 
 
+def shared_prefix(
+    runner: PairRunner, vocab: int, seed: int, prefixes: PrefixRuns | None
+) -> tuple[list[int], PairState]:
+    """The tokens chaining runs at p = shared_length(P) (p + S of them), and the state after their
+    first p, from `prefixes` when a check() shares its runs, else run here."""
+    p = shared_length(runner.P)
+    tokens = chaining_tokens(runner.P, runner.S, vocab, seed)[p]
+    _, state = (prefixes or PrefixRuns(runner))(tokens[:p])
+    return tokens, state
+
+
 def chaining(
     runner: PairRunner,
     refs: References,
@@ -120,9 +131,8 @@ def reuse(
 ) -> list[dict]:
     P, S = runner.P, runner.S
     p = shared_length(P)
-    tokens = chaining_tokens(P, S, vocab, seed)[p]
+    tokens, state = shared_prefix(runner, vocab, seed, prefixes)
     shared = tokens[:p]
-    _, state = (prefixes or PrefixRuns(runner))(shared)
     rows = []
     for k in range(3):
         question = tokens[p:] if k == 0 else model_check.random_ids(S, vocab, seed + k)
@@ -205,8 +215,8 @@ def state_vs_transformers(
 ) -> list[dict]:
     """The prefix state after p = P/2 tokens vs the stock caches after the same tokens: a row per entry."""
     p = shared_length(runner.P)
-    ids = chaining_tokens(runner.P, runner.S, vocab, seed)[p][:p]
-    _, state = (prefixes or PrefixRuns(runner))(ids)
+    tokens, state = shared_prefix(runner, vocab, seed, prefixes)
+    ids = tokens[:p]
     exact, fp32 = refs.stock_state(ids)
     scale = 2.0**runner.vs
     rows = []

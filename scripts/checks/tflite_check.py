@@ -3,10 +3,12 @@ real positions, and latency as a ratio measured in the same run (medians, torch 
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import torch
 
-from scripts.pipeline.measure import median_seconds
+from scripts.pipeline.measure import timed_runs
 
 
 def interpreter(path, threads: int | None = None):
@@ -73,25 +75,28 @@ def run(runner, inputs: dict) -> torch.Tensor:
     return torch.from_numpy(out["hidden"].copy())
 
 
-def torch_seconds(graph, inputs: dict, repeats: int, budget_seconds: float | None = None) -> float:
-    """Median seconds of the torch row graph on a record (one warm-up first; measure.median_seconds)."""
+def torch_times(graph, inputs: dict, repeats: int, budget_seconds: float | None = None) -> list[float]:
+    """Seconds of each timed run of the torch row graph on a record (one warm-up first; measure.timed_runs)."""
     with torch.no_grad():
-        return median_seconds(lambda: graph(**inputs), repeats, budget_seconds)
+        return timed_runs(lambda: graph(**inputs), repeats, budget_seconds)
 
 
-def litert_seconds(runner, inputs: dict, repeats: int, budget_seconds: float | None = None) -> float:
-    """Median seconds of the interpreter on a record (one warm-up first; measure.median_seconds)."""
+def litert_times(runner, inputs: dict, repeats: int, budget_seconds: float | None = None) -> list[float]:
+    """Seconds of each timed run of the interpreter on a record (one warm-up first; measure.timed_runs)."""
     feeds = {k: v.numpy().astype(np.float32) for k, v in inputs.items()}
-    return median_seconds(lambda: runner(**feeds), repeats, budget_seconds)
+    return timed_runs(lambda: runner(**feeds), repeats, budget_seconds)
 
 
-def latency(litert_s: float, torch_s: float, repeats: int, budget_seconds: float | None = None) -> dict:
-    """The two medians, measured in one process one after the other (torch first, then the stack is
-    freed and the interpreter loads: the two never share memory), and their ratio."""
+def latency(litert: list[float], torch_: list[float], repeats: int, budget_seconds: float | None = None) -> dict:
+    """The two medians of the timed runs, measured in one process one after the other (torch first,
+    then the stack is freed and the interpreter loads: the two never share memory), their ratio, and
+    how many runs each side timed (`repeats` at most; fewer once `budget_seconds` were spent)."""
+    litert_s, torch_s = statistics.median(litert), statistics.median(torch_)
     return {
         "litert_median_s": litert_s,
         "torch_median_s": torch_s,
         "torch_over_litert": torch_s / litert_s,
         "repeats": repeats,
+        "timed_runs": {"litert": len(litert), "torch": len(torch_)},
         **({"budget_seconds": budget_seconds} if budget_seconds is not None else {}),
     }

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
-from scripts.release import reader, signing
+from scripts.release import reader, references, signing
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
 
@@ -196,8 +196,8 @@ def verify(args) -> int:
             problems.append(f"{path}: metadata disagrees with the manifest: {'; '.join(bad)}")
             continue
         ref = art["reference"]
-        record = reader.load_reference(root, ref["file"])
-        measured = reader.run_reference(root / path, art["kind"], record)
+        record = references.load_reference(root, ref["file"])
+        measured = references.run_reference(root / path, art["kind"], record)
         found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
         print(
             f"{'FAIL' if found else 'ok  '} {path}: max rel {measured['rel_vs_expected']:.2e}, per position "
@@ -234,7 +234,7 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
             print(f"FAIL {path}: GPU {mode}: {exc}")
             continue
         try:
-            figures = reader.reference_error(compiled.signature, art["kind"], record)
+            figures = references.reference_error(compiled.signature, art["kind"], record)
         finally:
             compiled.close()
         measured = figures["rel_vs_expected"]

@@ -85,9 +85,10 @@ def metadata(rec: dict, form: str, contract: dict, shape: dict, params_used: dic
 
 
 def write(out: Path, raw: Path, meta: dict) -> int:
-    """The converted file `raw` with the metadata embedded, written atomically to `out`; -> bytes.
+    """The converted file `raw` (a scratch file beside `out`, used up) with the metadata embedded,
+    written atomically to `out`; -> bytes.
     A graph that fails the census gate (tflite_file.violations) is refused here, before it is written."""
     found = tflite_file.violations(tflite_file.census(raw))
     if found:
         raise ClefError(f"{out}: the converted graph fails the census gate: {'; '.join(found)}")
-    return tflite_file.write_with_metadata(raw, out, meta)
+    return tflite_file.write_with_metadata(raw, out, meta, consume=True)

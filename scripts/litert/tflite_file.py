@@ -10,8 +10,9 @@ a constant larger than a GPU binds as one buffer.
 
 A flatbuffer cannot exceed 2 GB, so a larger model is written as a small flatbuffer head followed by
 the weight data, each buffer naming its absolute file offset. Everything here reads only the head
-(`read_head`), and `write_with_metadata` rebuilds the head and streams the data after it, shifting
-the offsets: a 3.5 GB graph is never held in memory, let alone re-serialized.
+(`read_head`), and `write_with_metadata` rebuilds the head and shifts the data after it (in place
+where the filesystem can), with the offsets: a 3.5 GB graph is never held in memory, let alone
+re-serialized.
 """
 
 from __future__ import annotations
@@ -53,7 +54,12 @@ _GDN_LAYER = re.compile(r"DecoderLayer_(\d+)/[^/;]*ClefGatedDeltaNet")
 
 
 DATA_ALIGN = 64  # external buffers start on 64-byte boundaries (the converter's own choice: SIMD loads)
+# The data region moves by a multiple of this when the head grows: a filesystem block (ext4's and
+# XFS's usual size), so the move can be done in place (`shift_in_place`); a multiple of DATA_ALIGN too.
+# The copy that stands in where it cannot moves by the same amount, so the bytes do not depend on it.
+HEAD_ROOM = 4096
 COPY_CHUNK = 1 << 26
+FALLOC_FL_INSERT_RANGE = 0x20  # linux/falloc.h
 
 
 def _data_start(buf) -> int:
@@ -245,11 +251,34 @@ def with_metadata(content: bytes, meta: dict) -> bytes:
     return _with_entry(content, meta, 0)
 
 
-def write_with_metadata(src, dst, meta: dict) -> int:
+def shift_in_place(path: Path, shift: int, head: bytes) -> bool:
+    """Move all of file `path` `shift` bytes up without copying it (Linux's fallocate with
+    FALLOC_FL_INSERT_RANGE, which ext4 and XFS do for a block-aligned shift), then write `head` over
+    its start and fsync it; -> False, the file untouched, where the filesystem cannot."""
+    import ctypes
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    with open(path, "r+b") as f:
+        if libc.fallocate(f.fileno(), FALLOC_FL_INSERT_RANGE, 0, shift) != 0:
+            return False
+        f.write(head)
+        f.flush()
+        os.fsync(f.fileno())
+    return True
+
+
+def write_with_metadata(src, dst, meta: dict, consume: bool = False) -> int:
     """Write model file `src` to `dst` (atomically) with `meta` as its METADATA_NAME entry; -> bytes.
 
-    A model with external buffers gets a new head, then the data region copied unchanged and shifted
-    as a whole by a multiple of DATA_ALIGN, so every buffer keeps its alignment."""
+    A model with external buffers gets a new head, then the data region unchanged, shifted as a whole
+    by a multiple of HEAD_ROOM, so every buffer keeps its alignment. `consume`: `src` is a scratch file
+    on `dst`'s filesystem that this may use up, shifting its data in place (shift_in_place) and renaming
+    it to `dst` instead of copying a multi-GB file; it is gone afterwards either way."""
     from scripts.pipeline import atomic
 
     src = Path(src)
@@ -259,18 +288,23 @@ def write_with_metadata(src, dst, meta: dict) -> int:
         head = bytes(mm[:start])
     if start == size:
         atomic.write_bytes(dst, _with_entry(head, meta, 0))
-        return Path(dst).stat().st_size
-    # The new head's length does not depend on the shift (offsets are fixed-width fields), so one
-    # trial build gives the length; the shift is then the smallest aligned one that clears it.
-    grown = len(_with_entry(head, meta, 0)) - start
-    shift = -(-grown // DATA_ALIGN) * DATA_ALIGN
-    new_head = _with_entry(head, meta, shift)
-    assert len(new_head) <= start + shift
-    with atomic.writing(dst) as out, open(src, "rb") as f:
-        out.write(new_head)
-        out.write(bytes(start + shift - len(new_head)))
-        f.seek(start)
-        shutil.copyfileobj(f, out, COPY_CHUNK)
+    else:
+        # The new head's length does not depend on the shift (offsets are fixed-width fields), so one
+        # trial build gives the length; the shift is then the smallest one that clears it.
+        grown = len(_with_entry(head, meta, 0)) - start
+        shift = -(-grown // HEAD_ROOM) * HEAD_ROOM
+        new_head = _with_entry(head, meta, shift)
+        assert len(new_head) <= start + shift
+        new_head += bytes(start + shift - len(new_head))
+        if consume and shift_in_place(src, shift, new_head):
+            src.replace(dst)
+            return Path(dst).stat().st_size
+        with atomic.writing(dst) as out, open(src, "rb") as f:
+            out.write(new_head)
+            f.seek(start)
+            shutil.copyfileobj(f, out, COPY_CHUNK)
+    if consume:
+        src.unlink()
     return Path(dst).stat().st_size
 
 

@@ -28,8 +28,8 @@ def run_command(main: Callable[[], None]) -> None:
 def run_stage(main: Callable[[], None], budget: bool = True) -> None:
     """run_command for a DVC stage: one that finishes also leaves its time, peak RSS and peak anonymous
     memory in results/runtime/ (scripts/pipeline/measure.py), and fails when that memory is over the
-    budget (params.yaml `memory`). `budget=False`: a benchmark
-    script, neither recorded (it is not a pipeline stage) nor held to the budget."""
+    budget (params.yaml `memory`). `budget=False`: a benchmark script, neither recorded (it is not
+    a pipeline stage) nor held to the budget."""
 
     def measured() -> None:
         from scripts.pipeline.measure import AnonPeak, over_budget, process_seconds, record_runtime

@@ -116,8 +116,8 @@ class AnonPeak:
 MIN_REPEATS = 3  # the fewest timed calls a median is taken over
 
 
-def median_seconds(fn, repeats: int, budget_seconds: float | None = None) -> float:
-    """Median wall seconds of up to `repeats` calls of fn(), after one warm-up call (first-call
+def timed_runs(fn, repeats: int, budget_seconds: float | None = None) -> list[float]:
+    """Wall seconds of each of up to `repeats` calls of fn(), after one warm-up call (first-call
     allocation and weight packing are not the steady state); with `budget_seconds`, the calls stop
     once MIN_REPEATS (or `repeats`, if fewer) have run and together took that long."""
     fn()
@@ -128,7 +128,12 @@ def median_seconds(fn, repeats: int, budget_seconds: float | None = None) -> flo
         times.append(time.perf_counter() - start)
         if budget_seconds is not None and len(times) >= MIN_REPEATS and sum(times) >= budget_seconds:
             break
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn, repeats: int, budget_seconds: float | None = None) -> float:
+    """The median of timed_runs."""
+    return statistics.median(timed_runs(fn, repeats, budget_seconds))
 
 
 class Stopwatch:

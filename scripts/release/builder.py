@@ -116,7 +116,8 @@ def lock_stages(path: Path = Path("dvc.lock")) -> dict:
 
 def file_table(root: Path, known: dict[str, str] | None = None) -> dict:
     """{relative path: {sha256, size}} of every file under root except the manifest; `known`:
-    {relative path: sha256} of files this build hashed already (the graphs), not read again."""
+    {relative path: sha256} of files this build hashed already (the graphs and their reference
+    records), not read again."""
     known = known or {}
     return {
         rel: {"sha256": known.get(rel) or sha256_file(f), "size": f.stat().st_size}

@@ -1,10 +1,10 @@
 """Reading a release: its format, the manifest's checks (paths confined to the release, every file's
-hash), the graphs' expected identity, and the reference records `clef verify` reruns.
+hash), the graphs' expected identity, and the bounds `clef verify` holds the reference records to.
 
 The release's layout (artifacts/release/): manifest.json, README.md (the model card), rows/ and pairs/
-(.tflite), host/ (config, tokenizer, embed_tokens + lm_head), checks/ (one reference record per graph:
-its inputs and torch's output, held to the threshold the manifest promises), and, when signed,
-model.sig (scripts/release/signing.py), the one file the manifest cannot list.
+(.tflite), host/ (config, tokenizer, embed_tokens + lm_head), checks/ (one reference record per graph,
+scripts/release/references.py: its inputs and torch's output, held to the threshold the manifest
+promises), and, when signed, model.sig (scripts/release/signing.py), the one file the manifest cannot list.
 """
 
 from __future__ import annotations
@@ -49,28 +49,6 @@ def host_tables(host) -> dict:
     return {"embed_tokens": host.embed_tokens, "lm_head": host.lm_head}
 
 
-def reference_error(signature, kind: str, record: dict) -> dict:
-    """Run a reference record through a graph's signatures; -> its error against the stored
-    expectation, global and per position (scripts/checks/compare.py: rel_vs_expected,
-    rel_per_position_vs_expected, inf if an output is not finite). `signature(name)` gives a signature
-    (None: the only one) as a callable on named torch tensors returning a dict of them: the
-    interpreter's (run_reference) or the GPU accelerator's (scripts/litert/gpu_accelerator.py)."""
-    from scripts.checks import compare
-
-    feed = {k: v.to(torch.float32) for k, v in record.items() if k != "expected"}
-    expected = record["expected"]
-    if kind == "row":
-        out = signature(None)(**feed)["hidden"]
-    elif kind == "pair":
-        first = signature("prefix")(**{k[7:]: v for k, v in feed.items() if k.startswith("prefix.")})
-        state = {k: v for k, v in first.items() if k != "hidden"}
-        tokens = {k[7:]: v for k, v in feed.items() if k.startswith("suffix.")}
-        out = signature("suffix")(**tokens, **state)["hidden"]
-    else:
-        raise ClefError(f"unknown artifact kind {kind!r}")
-    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected)
-
-
 def reference_problems(figures: dict, reference: dict) -> list[str]:
     """A reference record's figures against the bounds the manifest's `reference` entry states (a
     release made before per-position bounds states the global one only)."""
@@ -107,21 +85,6 @@ def drift_problems(figures: dict, reference: dict) -> list[str]:
                 "(a different runtime or a changed graph)"
             )
     return out
-
-
-def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
-    """reference_error in the LiteRT interpreter."""
-    from scripts.checks.tflite_check import interpreter
-
-    return reference_error(interpreter_signature(interpreter(path, threads)), kind, record)
-
-
-def interpreter_signature(graph):
-    """`signature(name)` for reference_error over a graph open in the interpreter
-    (scripts/checks/tflite_check.py's interpreter)."""
-    from scripts.qwen35.host import litert_signature
-
-    return lambda name: litert_signature(graph.get_signature_runner(*([name] if name else [])))
 
 
 def expected_metadata(manifest: dict, artifact: dict) -> dict:
@@ -198,9 +161,3 @@ def check_files(root: Path, manifest: dict) -> list[str]:
             problems.append(f"changed file: {name} (sha256 differs from the manifest)")
     problems += [f"extra file: {name} (not in the manifest)" for name in sorted(present - set(listed))]
     return problems
-
-
-def load_reference(root: Path, name: str) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(Path(root) / name))

@@ -4,7 +4,9 @@ The verify stage that already holds the torch model computes it (verify_tflite f
 verify_pair for a pair), writes it to results/references/, reads it back and runs it through the graph
 in the interpreter it already has open (`measure`): the record's sha256 and its error go beside it.
 The release stage packages the record with those figures, once the sha256 shows it is the record
-measured, and runs no graph; `clef verify` reruns it wherever the release lands.
+measured, and runs no graph; `clef verify` reruns it wherever the release lands (`run_reference`, or
+`reference_error` on the GPU accelerator). Nothing here imports the release's reader or signing code,
+so editing those does not rerun the verify stages.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from scripts.pipeline.errors import ClefError
 
 
 def row_reference(record: dict, hidden: torch.Tensor) -> dict:
@@ -35,20 +39,62 @@ def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_h
     }
 
 
+def load_reference(root: Path, name: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(root) / name))
+
+
+def reference_error(signature, kind: str, record: dict) -> dict:
+    """Run a reference record through a graph's signatures; -> its error against the stored
+    expectation, global and per position (scripts/checks/compare.py: rel_vs_expected,
+    rel_per_position_vs_expected, inf if an output is not finite). `signature(name)` gives a signature
+    (None: the only one) as a callable on named torch tensors returning a dict of them: the
+    interpreter's (run_reference) or the GPU accelerator's (scripts/litert/gpu_accelerator.py)."""
+    from scripts.checks import compare
+
+    feed = {k: v.to(torch.float32) for k, v in record.items() if k != "expected"}
+    expected = record["expected"]
+    if kind == "row":
+        out = signature(None)(**feed)["hidden"]
+    elif kind == "pair":
+        first = signature("prefix")(**{k[7:]: v for k, v in feed.items() if k.startswith("prefix.")})
+        state = {k: v for k, v in first.items() if k != "hidden"}
+        tokens = {k[7:]: v for k, v in feed.items() if k.startswith("suffix.")}
+        out = signature("suffix")(**tokens, **state)["hidden"]
+    else:
+        raise ClefError(f"unknown artifact kind {kind!r}")
+    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected)
+
+
+def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
+    """reference_error in the LiteRT interpreter."""
+    from scripts.checks.tflite_check import interpreter
+
+    return reference_error(interpreter_signature(interpreter(path, threads)), kind, record)
+
+
+def interpreter_signature(graph):
+    """`signature(name)` for reference_error over a graph open in the interpreter
+    (scripts/checks/tflite_check.py's interpreter)."""
+    from scripts.qwen35.host import litert_signature
+
+    return lambda name: litert_signature(graph.get_signature_runner(*([name] if name else [])))
+
+
 def measure(graph_path: Path, kind: str, graph) -> dict:
     """The record saved for the graph at `graph_path` (layout.reference_path), read back and run
     through `graph` (scripts/litert/cpu_graph.py's CpuGraph, open on that file) -> {record_sha256,
-    rel_vs_expected, rel_per_position_vs_expected} (reader.reference_error, as `clef verify` computes
+    rel_vs_expected, rel_per_position_vs_expected} (reference_error, as `clef verify` computes
     it), also written to layout.reference_figures_path for the release."""
     from scripts.checkpoint import snapshot
     from scripts.pipeline import atomic, layout
-    from scripts.release import reader
 
     path = layout.reference_path(graph_path)
-    record = reader.load_reference(path.parent, path.name)
+    record = load_reference(path.parent, path.name)
     figures = {
         "record_sha256": snapshot.sha256_file(path),
-        **reader.reference_error(reader.interpreter_signature(graph), kind, record),
+        **reference_error(interpreter_signature(graph), kind, record),
     }
     atomic.write_json(layout.reference_figures_path(graph_path), figures)
     return figures
