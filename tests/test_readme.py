@@ -173,6 +173,13 @@ def test_bench_tables_say_what_is_measured_and_what_did_not_finish(tmp_path):
     assert "2.5 h on 2 cores" in text and "146 at L=64, 193 at L=256" in text and "did not finish" not in text
     assert "of which 1.2 h `verify_gpu` on the software GPU (lavapipe) (0.9 h of it compiling" in text
     assert "; 1.6 h without that)" in text
+    # a bench made with no tiny run here (a fresh machine: make real-width before make release) has no
+    # extrapolation to show: refused in one line, not rendered as zero hours
+    unextrapolated = bench()
+    unextrapolated["clef_flash"].update(stages={}, without_tiny_run=["export@64"])
+    atomic.write_json(tmp_path / layout.BENCH, unextrapolated)
+    with pytest.raises(ClefError, match=r"no tiny run .* run make release, then make bench \(`export@64`\)"):
+        readme.render(doc, tmp_path)
     atomic.write_json(tmp_path / layout.BENCH, bench(missing=["verify_gpu_row@64"], anon=36.0))
     text, _ = readme.render(doc, tmp_path)
     assert "| `verify_gpu_row@64` |  | **did not finish** (failed, or skipped after a failure) |  |" in text

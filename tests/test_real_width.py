@@ -68,6 +68,11 @@ def test_extrapolation_scales_what_grows_with_the_weights():
     }
     assert out["stages"]["verify_kernel"] == {"seconds": 55.0, "peak_rss_gib": 0.5}  # set by widths, not layers
     assert out["row_graph_bytes_per_L"] == 8 * 3.5e9 and out["fp32_stack_bytes"] == 8 * 4e9
+    assert out["without_tiny_run"] == []
+    # a real-width stage the tiny run lacks is named, not silently dropped from the total
+    real["stages"]["release"] = {"seconds": 90.0}
+    out = report.extrapolate(tiny, real)
+    assert out["without_tiny_run"] == ["release"] and "release" not in out["stages"]
 
 
 @pytest.mark.parametrize("layers", ["block", "all"])

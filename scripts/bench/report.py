@@ -208,6 +208,12 @@ def stage_size(name: str) -> tuple[str, int | None]:
     return base, sum(int(a) for a in args.split("_")) if args else None
 
 
+UNEXTRAPOLATED = (
+    "no tiny run of some real-width stages in results/runtime/, so no clef-flash extrapolation for them: "
+    "run make release, then make bench"
+)
+
+
 def extrapolate(tiny: dict, real: dict) -> dict:
     """clef-flash's needs per stage, from the real-width run (one of clef-flash's 8 blocks of 3
     GatedDeltaNet + 1 attention layers) and the tiny run (the same code with ~no weights).
@@ -245,6 +251,9 @@ def extrapolate(tiny: dict, real: dict) -> dict:
     doc = {
         "blocks": blocks,
         "stages": out,
+        # a stage measured at real width with no tiny record (no `make release` here before the bench):
+        # the runtime cannot be told from the weights, so it is not extrapolated
+        "without_tiny_run": sorted(n for n in real["stages"] if n not in tiny["stages"]),
         "row_graph_bytes_per_L": graph and blocks * graph,
         "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
         "fp32_stack_bytes": fp32,
@@ -374,6 +383,8 @@ def main() -> None:
     }
     doc["clef_flash"]["default_pipeline"] = default_pipeline(doc["clef_flash"], real["params"], tiny["params"])
     atomic.write_json(layout.BENCH, doc)
+    if doc["clef_flash"]["without_tiny_run"]:
+        print(f"bench: {UNEXTRAPOLATED} ({len(doc['clef_flash']['without_tiny_run'])} stages)")
     print(
         f"bench: fp32 matmul peak {peak['gflops']:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak['threads']} threads); "
         f"real-width row graph L=64 ({rate['bytes'] / 2**30:.2f} GiB) {rate['median_s']:.2f} s, "

@@ -44,7 +44,15 @@ def read_bench(root: Path) -> dict:
     path = root / layout.BENCH
     if not path.is_file():
         raise ClefError(f"no {path}: run `make real-width` (or `make bench`) first")
-    return json.loads(path.read_text())
+    bench = json.loads(path.read_text())
+    missing = bench["clef_flash"].get("without_tiny_run") or []
+    if missing:
+        from scripts.bench import report
+
+        raise ClefError(
+            f"{path}: {report.UNEXTRAPOLATED} (`{'`, `'.join(missing[:3])}`{', ...' if len(missing) > 3 else ''})"
+        )
+    return bench
 
 
 def run_line(root: Path) -> str:
