@@ -64,11 +64,11 @@ def toy_graph(tmp_path, name, **kw):
     return path
 
 
-def test_a_clean_graph_runs_on_the_gpu_in_both_modes(tmp_path):
+def test_a_clean_graph_runs_on_the_gpu_in_every_mode(tmp_path):
     path = toy_graph(tmp_path, "clean")
     x, valid = torch.randn(1, 4, 8), torch.ones(1, 4)
-    for fp32, bound in ((True, 1e-5), (False, 5e-3)):
-        c = gpu_accelerator.compile(path, fp32)
+    for mode, bound in (("fp32", 1e-5), ("fp16", 5e-3), ("mixed", 5e-3)):
+        c = gpu_accelerator.compile(path, mode)
         assert c.fully_accelerated and c.adapter
         out = c.signature()(x=x, valid=valid)
         assert compare.rel(out["y"], x @ x.transpose(-1, -2)) < bound
@@ -182,7 +182,7 @@ def test_rms_norm_survives_massive_activations_in_fp16_on_the_gpu(tmp_path):
         norm.__class__ = cls
         path = tmp_path / f"{name}.tflite"
         export.convert(Norm(norm).eval(), {"x": x}, path)
-        out = gpu_accelerator.compile(path, False).signature()(x=x)["y"]
+        out = gpu_accelerator.compile(path, "fp16").signature()(x=x)["y"]
         with torch.no_grad():
             errors[name] = compare.figures("vs_f64", out, Qwen3_5RMSNorm(64).double()(x.double()))
     assert errors["clef"]["rel_per_position_vs_f64"] < 5e-3, errors
@@ -210,7 +210,7 @@ def test_the_fp16_mode_error_grows_with_the_reduction_length(tmp_path):
         dense, x = Dense(k).eval(), torch.randn(1, 64, k)
         path = tmp_path / f"dense{k}.tflite"
         export.convert(dense, {"x": x}, path)
-        c = gpu_accelerator.compile(path, False)
+        c = gpu_accelerator.compile(path, "fp16")
         out = c.signature()(x=x)["y"]
         c.close()
         with torch.no_grad():
@@ -227,7 +227,7 @@ def test_output_that_is_an_input_fails_the_census_gate_and_is_left_unwritten_on_
     found = tflite_file.violations(tflite_file.census(path))
     assert any("slots = input valid" in v for v in found), found
     valid = torch.tensor([[1.0, 1.0, 0.5, 0.25]])
-    out = gpu_accelerator.compile(path, True).signature()(x=torch.randn(1, 4, 8), valid=valid)
+    out = gpu_accelerator.compile(path, "fp32").signature()(x=torch.randn(1, 4, 8), valid=valid)
     assert not torch.equal(out["slots"], valid), "the accelerator now passes inputs through: the rule can be relaxed"
 
 
@@ -254,7 +254,7 @@ def test_a_rank3_pad_fails_the_census_gate_and_computes_wrong_on_the_gpu(tmp_pat
         export.convert(ChunkPad(pad_op).eval(), {"g": g}, path)
         found = tflite_file.violations(tflite_file.census(path))
         assert any("PAD x1 on a tensor of rank < 4" in v for v in found) == pad_op, found
-        out = gpu_accelerator.compile(path, True).signature()(g=g)["y"]
+        out = gpu_accelerator.compile(path, "fp32").signature()(g=g)["y"]
         errors[pad_op] = compare.rel(out, ChunkPad(pad_op)(g)["y"])
     assert errors[False] < 1e-6 and errors[True] > 0.1, errors
 
@@ -302,7 +302,7 @@ def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_l
     assert not out.exists()
 
     with pytest.raises(ClefError) as info:
-        gpu_accelerator.compile(raw, True, census)
+        gpu_accelerator.compile(raw, "fp32", census)
     assert "first refused op BROADCAST_TO" in str(info.value) and "in signature suffix" in str(info.value), str(
         info.value
     )
@@ -594,7 +594,7 @@ def test_a_weight_over_the_binding_limit_is_split_at_export_and_refused_unsplit(
     export.convert(module, {"x": x}, split)
     c = tflite_file.census(split)
     assert c["ops"]["FULLY_CONNECTED"] == 2 and tflite_file.violations(c) == []
-    assert compare.rel(gpu_accelerator.compile(split, True).signature()(x=x)["y"], want) < 1e-5
+    assert compare.rel(gpu_accelerator.compile(split, "fp32").signature()(x=x)["y"], want) < 1e-5
 
     whole = tmp_path / "whole.tflite"
     monkeypatch.setattr(tflite_file, "MAX_CONSTANT_BYTES", 2 * tflite_file.MAX_CONSTANT_BYTES)
@@ -603,7 +603,7 @@ def test_a_weight_over_the_binding_limit_is_split_at_export_and_refused_unsplit(
     found = tflite_file.violations(tflite_file.census(whole))
     assert any("134234112 bytes (> 134217728" in v for v in found), found
     with pytest.raises(ClefError, match="larger than the maximum storage buffer binding size"):
-        gpu_accelerator.compile(whole, True)
+        gpu_accelerator.compile(whole, "fp32")
     model, log, _ = gpu_accelerator.load(whole, HardwareAccelerator.GPU, fp32=True)  # what compile refuses:
     out = gpu_accelerator.signature_runner(model, whole, quiet_runs=True)(x=x.numpy())["y"]
     assert compare.rel(torch.from_numpy(out), want) > 0.5  # the wrong result it would have given

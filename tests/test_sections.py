@@ -199,7 +199,7 @@ def test_an_output_one_op_of_the_section_reads_is_written_on_the_gpu_only_throug
         sections.write(path, head, mm, 0, section, tmp_path / "s.tflite")
     feeds = {sections.tensor_name(x_in): x}
     want = whole_graph(tmp_path / "s.tflite", feeds)  # the CPU writes both
-    got = gpu_accelerator.compile(tmp_path / "s.tflite", True).signature()(**feeds)
+    got = gpu_accelerator.compile(tmp_path / "s.tflite", "fp32").signature()(**feeds)
     name = sections.tensor_name(scaled)
     assert torch.allclose(want[name], x * module.scale.detach())
     assert torch.allclose(got[sections.tensor_name(z)], want[sections.tensor_name(z)], atol=1e-5)

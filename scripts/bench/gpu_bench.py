@@ -216,7 +216,7 @@ def gpu_rows(path: Path, feeds: dict, ref: torch.Tensor, adapters: set) -> dict:
     for mode, fp32 in MODES.items():
         compiled, how = None, "GPU"
         try:
-            compiled = gpu_accelerator.compile(path, fp32=fp32)
+            compiled = gpu_accelerator.compile(path, "fp32" if fp32 else "fp16")
             out["gpu_alone"][mode] = {
                 "compiled": True,
                 "fully_accelerated": compiled.fully_accelerated,

@@ -120,7 +120,7 @@ def gpu_runs(module: nn.Module, inputs: dict, name: str) -> dict:
         export.convert(module, {k: v.float() for k, v in inputs.items()}, path)
     out = {}
     for mode, fp32 in (("fp16", False), ("fp32", True)):
-        compiled = gpu_accelerator.compile(path, fp32=fp32)
+        compiled = gpu_accelerator.compile(path, "fp32" if fp32 else "fp16")
         out[mode] = compiled.signature()(**{k: v.float() for k, v in inputs.items()})
         out["adapter"] = compiled.adapter
     return out
@@ -580,7 +580,7 @@ def graph_figures(model, records, refs, current64, name) -> dict:
     seconds = time.time() - start
     gpu = {}
     for mode, fp32 in (("fp16", False), ("fp32", True)):
-        compiled = gpu_accelerator.compile(path, fp32=fp32)
+        compiled = gpu_accelerator.compile(path, "fp32" if fp32 else "fp16")
         gpu[mode] = {s: compiled.signature()(**records[s])["hidden"] for s in records}
     rels = [sig(rel(gpu["fp16"][s], refs[s])) for s in records]
     return {

@@ -1,5 +1,12 @@
-"""LiteRT's GPU accelerator (ML Drift over WebGPU): compile a graph for it alone, run its signatures,
-and say what it refused and which adapter ran it.
+"""LiteRT's GPU accelerator (ML Drift over WebGPU): compile a graph for it alone in one of three
+modes, run its signatures, and say what it refused and which adapter ran it.
+
+Modes (MODES): `fp32`, `fp16` (the accelerator's default arithmetic: fp16 storage and accumulation)
+and `mixed` (fp16 storage, fp32 accumulation in FULLY_CONNECTED, BATCH_MATMUL and convolutions).
+The Python wrapper reaches only the first two, so compiling goes through LiteRT's C API
+(scripts/litert/litert_c.py), which sets the precision in the accelerator's `gpu_options`. The
+runtime ignores an option it cannot parse, so `prove_mode` shows each mode by its effect on a
+one-op probe graph (scripts/litert/precision_probe.py), compiled with the same options payload.
 
 The accelerator reports from C++ on the process's stderr: the adapter it selected, and the ops it
 refused ("Following operations are not supported by GPU delegate: BROADCAST_TO: ..."). Those lines
@@ -87,12 +94,27 @@ def adapter_name(log: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
+MODES = ("fp32", "fp16", "mixed")
+# What a device team sets through LiteRT's C/C++ API for each mode: LiteRtDelegatePrecision.
+PRECISION_NAMES = {
+    "fp32": "kLiteRtDelegatePrecisionFp32",
+    "fp16": "kLiteRtDelegatePrecisionFp16",
+    "mixed": "kLiteRtDelegatePrecisionFp16WithFp32Accum",
+}
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ClefError(f"unknown GPU precision {mode!r}: one of {', '.join(MODES)}")
+    return mode
+
+
 @dataclass
 class Compiled:
-    """One graph compiled for the GPU accelerator alone, in fp32 or fp16 mode."""
+    """One graph compiled for the GPU accelerator alone, in one of MODES."""
 
     path: Path
-    fp32: bool
+    mode: str
     model: object
     adapter: str
     fully_accelerated: bool
@@ -102,6 +124,8 @@ class Compiled:
         """Release the compiled model now, with the runtime's teardown log kept off stderr (it logs
         every accelerator it destroys)."""
         with captured_stderr():
+            if self.model is not None and hasattr(self.model, "close"):
+                self.model.close()
             self.model = None
             gc.collect()
 
@@ -191,8 +215,10 @@ def quiet_teardown_at_exit() -> None:
 
 
 def load(path, accelerators, fp32: bool = True) -> tuple:
-    """CompiledModel.from_file on `accelerators` (HardwareAccelerator flags), fp32 = enforce_f32, with
-    the runtime's log captured; -> (model or None, log text, the runtime's error or None)."""
+    """The Python wrapper's route: CompiledModel.from_file on `accelerators` (HardwareAccelerator
+    flags), fp32 = enforce_f32, with the runtime's log captured; -> (model or None, log text, the
+    runtime's error or None). For the CPU accelerator and the GPU with CPU fallback (the peers'
+    benchmark); a graph for the GPU alone is compiled by `compile`, which reaches every mode."""
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.options import Options
 
@@ -208,28 +234,41 @@ def load(path, accelerators, fp32: bool = True) -> tuple:
     return model, log["text"], error
 
 
-def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: A001  (the accelerator's word)
-    """Compile `path` for the GPU accelerator alone; fp32 = enforce_f32, else the default fp16 mode.
+def compile(path, mode: str = "fp32", census: dict | None = None) -> Compiled:  # noqa: A001  (the accelerator's word)
+    """Compile `path` for the GPU accelerator alone in `mode` (one of MODES) through LiteRT's C API.
     A refused op (named with the signatures that hold it, given the file's census), a partial
     acceleration or a missing adapter is a ClefError naming it."""
-    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from scripts.litert import litert_c
 
     path = Path(path)
+    check_mode(mode)
     if not path.is_file():
         raise ClefError(f"no {path} to compile for the GPU")
-    mode = "fp32" if fp32 else "fp16"
-    model, text, error = load(path, HardwareAccelerator.GPU, fp32)
+    with captured_stderr():  # loading logs what the runtime looks for; a missing symbol is a ClefError
+        litert_c.library()
+    quiet_teardown_at_exit()
+    model, error = None, None
+    with captured_stderr() as log:
+        try:
+            model = litert_c.CompiledGraph(path, litert_c.PRECISION[mode])
+            accelerated = model.is_fully_accelerated()
+        except ClefError as exc:
+            error = " ".join(str(exc).split())
+    text = log["text"]
     name = adapter_name(text)
     if name is None or any(s in text for s in _NO_ADAPTER):
         raise ClefError(f"{path}: {INSTALL_HINT}")
     refused = refused_ops(text)
     invalid = _VALIDATION.search(text)
     if invalid and not refused and error is None:
+        model.close()
         raise ClefError(
             f"{path} ({mode}): the device refused what the GPU accelerator asked of it on {name}: "
             + invalid.group(1).strip()
         )
     if refused or error is not None:
+        if model is not None:
+            model.close()
         fallback = FALLBACK.search(text)
         counts = (
             f"; {fallback.group(2)} of {int(fallback.group(1)) + int(fallback.group(2))} ops would run on the CPU"
@@ -243,7 +282,43 @@ def compile(path, fp32: bool, census: dict | None = None) -> Compiled:  # noqa: 
             else f"the accelerator said: {error}"
         )
         raise ClefError(f"{path} ({mode}): not compiled for the GPU accelerator alone on {name}: {first}{counts}")
-    return Compiled(path, fp32, model, name, bool(model.is_fully_accelerated()), text)
+    return Compiled(path, mode, model, name, bool(accelerated), text)
+
+
+@dataclass(frozen=True)
+class ModeProof:
+    """A mode shown by its effect: the precision probe's error against float64 and the arithmetic it
+    says was used (scripts/litert/precision_probe.py)."""
+
+    mode: str
+    probe_error: float
+    arithmetic: str
+
+    def as_dict(self) -> dict:
+        return {"mode": self.mode, "probe_error": self.probe_error, "arithmetic": self.arithmetic}
+
+
+def prove_mode(mode: str) -> ModeProof:
+    """Compile the precision probe in `mode` the way every graph is compiled (the same options
+    payload) and run it: a ClefError when its error is not `mode`'s arithmetic (an option the runtime
+    ignored or does not honour), naming what it computed instead."""
+    from scripts.litert import precision_probe
+
+    check_mode(mode)
+    compiled = compile(precision_probe.graph_path(), mode)
+    try:
+        y = compiled.signature("probe")(x=torch.from_numpy(precision_probe.inputs()[0]))["y"].numpy()
+    finally:
+        compiled.close()
+    err = precision_probe.error(y)
+    found = precision_probe.arithmetic(err)
+    if found != mode:
+        raise ClefError(
+            f"GPU mode {mode} did not take effect on {compiled.adapter}: the precision probe's error {err:.2e} "
+            f"is {found} arithmetic's (edges {precision_probe.CLASS_EDGES[0]:g}, {precision_probe.CLASS_EDGES[1]:g}); "
+            "this runtime ignores or does not honour the precision option"
+        )
+    return ModeProof(mode, err, found)
 
 
 def driver_info() -> str | None:
