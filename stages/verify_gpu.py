@@ -1,12 +1,14 @@
 """DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
-LiteRT's GPU accelerator alone and run in fp32 and fp16 (scripts/checks/gpu_check.py), in sections of at
+LiteRT's GPU accelerator alone and run in fp32, fp16 and mixed (scripts/checks/gpu_check.py; each mode
+first shown by its effect on the precision probe), in sections of at
 most verify_gpu.section_fraction of the stack's weights (scripts/litert/sections.py: the accelerator
 holds several times what it compiles) and of verify_gpu.section_work / tokens (it waits about two
 minutes for a run), over the layers verify_gpu.layers names (the first block: its
 residual stream against the first block in torch) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
-output, or an fp32 error over the bound. No Vulkan adapter: one line saying what to install."""
+output, an fp32 error over the bound, or mixed over fp16_max_over_floor x the torch-float16 floor
+(global or per position). No Vulkan adapter, or a mode the runtime does not honour: one line."""
 
 import argparse
 import contextlib
@@ -30,7 +32,7 @@ def main() -> None:
     a = ap.parse_args()
     if (a.length is None) == (a.prefix is None or a.suffix is None):
         raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
-    p = params.load(["form", "verify_gpu"])
+    p = params.load(["form", "verify_gpu", "model"])
     form = str(kernel_form.parse(p["form"]))
     bounds = gpu_check.limits(p["verify_gpu"])
     limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
@@ -48,7 +50,7 @@ def main() -> None:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
     layout.require(layout.result_path("stack"), "stack")
     config = text_stack.text_config(snap)
-    layers = gpu_check.checked_layers(p["verify_gpu"]["layers"], config)
+    layers = gpu_check.checked_layers(p["verify_gpu"]["layers"], config, p["model"]["source"])
     graph = sections.SectionedGraph(
         path,
         gpu_check.section_bytes(p["verify_gpu"], measure.stack_fp32_bytes(), a.length or max(a.prefix, a.suffix)),
@@ -61,7 +63,7 @@ def main() -> None:
         raise ClefError(
             f"{path} {sig}: op kinds only after the first block, which the GPU check would not run: {kinds}"
         )
-    runs = {mode: gpu_check.ModeRun(graph, enforce, census) for mode, enforce in gpu_check.MODES.items()}
+    runs = {mode: gpu_check.ModeRun(graph, mode, census) for mode in gpu_check.MODES}
     for run in runs.values():  # no adapter: one line before any torch work (a refused op: when its section runs)
         run.gate()
 
@@ -103,10 +105,12 @@ def main() -> None:
         else:
             rows += gpu_check.pair_rows(one, host, signature_refs, chaining_refs, P, S, form, shapes)
     graph.close()
-    accelerated = {mode: run.fully_accelerated for mode, run in runs.items()}
+    by_mode = {mode: run.fully_accelerated for mode, run in runs.items()}
     device = runs["fp32"].device
     figures, problems = gpu_check.summary(rows, bounds)
-    accelerated = all(accelerated.values())
+    for mode, run in runs.items():
+        figures["modes"][mode].update(fully_accelerated=run.fully_accelerated, probe=run.proof.as_dict())
+    accelerated = all(by_mode.values())
     if not accelerated:
         problems.insert(0, "is_fully_accelerated() is false")
     doc = {
@@ -144,6 +148,9 @@ def main() -> None:
         fp16_max_rel=figures["fp16_max_rel_vs_f64"],
         fp16_floor=figures["floor_max_rel_vs_f64"],
         fp16_over_floor=figures["fp16_over_floor"],
+        mixed_max_rel=figures["modes"]["mixed"]["max_rel_vs_f64"],
+        mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
+        mixed_over_floor_per_position=figures["modes"]["mixed"]["over_floor_per_position"],
         fully_accelerated=accelerated,
         layers_checked=doc["layers_checked"],
         layers=doc["layers"],
@@ -154,9 +161,13 @@ def main() -> None:
         f"fully accelerated {accelerated}; fp32 max rel vs torch "
         f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
         f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); "
-        f"fp16 vs float64 {figures['fp16_max_rel_vs_f64']:.3g}, "
-        f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}, {figures['fp16_over_floor']:.2f}x the floor "
-        f"(target {over_floor:g}x)"
+        f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}; "
+        + "; ".join(
+            f"{m} vs float64 {figures['modes'][m]['max_rel_vs_f64']:.3g}, {figures['modes'][m]['over_floor']:.2f}x the "
+            f"floor ({figures['modes'][m]['over_floor_per_position']:.2f}x per position)"
+            for m in gpu_check.HALF_MODES
+        )
+        + f" (mixed held to {over_floor:g}x)"
     )
     if problems:
         raise ClefError(f"verify_gpu {path}: {problems[0]} ({len(problems)} problems)")

@@ -54,6 +54,81 @@ def test_per_position_sees_an_ordinary_position_next_to_a_massive_one():
         compare.figures("vs_x", out[:, :2], ref)
 
 
+# ---- the per-position floor: a nearly cancelling position (compare.POSITION_NORM_FLOOR) ----------------
+
+
+def cancelling_record(t=11):
+    """A linear layer y = x W^T (W [16, 64], seeded) on 32 positions whose output nearly cancels at
+    position t: x_t = n + 1e-4 r with W n = 0 and ||n|| like the other inputs. Returns (t, y in fp32 (the
+    stock implementation: W and x cast to float32), y in float64 (the truth))."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(16, 64, generator=gen, dtype=torch.float64) / 8
+    x = torch.randn(1, 32, 64, generator=gen, dtype=torch.float64)
+    null = torch.linalg.svd(w).Vh[16:]  # rows spanning W's null space
+    n = null.T @ torch.randn(48, generator=gen, dtype=torch.float64)
+    n = n / n.norm() * x[0].norm(dim=-1).median()
+    x[0, t] = n + 1e-4 * torch.randn(64, generator=gen, dtype=torch.float64)
+    return t, x.float() @ w.float().T, x @ w.T
+
+
+def test_a_nearly_cancelling_position_that_stock_fp32_cannot_meet_passes():
+    """Guards against a per-position bound that refuses correct work: where one position's output nearly
+    cancels, stock fp32 is far from float64 relative to that position's own tiny norm (the rounding of the
+    terms that cancel), so an unfloored figure would fail the reference implementation itself."""
+    t, y32, y64 = cancelling_record()
+    norms = y64[0].norm(dim=-1)
+    assert norms[t] < 1e-2 * norms.median()  # the position nearly cancels
+    unfloored = float((y32[0, t].double() - y64[0, t]).norm() / norms[t])
+    assert unfloored > 1e-4  # stock fp32 cannot meet 1e-4 there by the plain ||diff|| / ||ref||
+    fig = compare.figures("vs_f64", y32, y64)
+    assert compare.judge([{"check": "stock", **fig}], {"rel_per_position_vs_f64": 1e-4}) == []
+    assert fig["rel_per_position_vs_f64"] < 1e-5
+
+
+def test_an_error_at_an_ordinary_position_still_fails_next_to_a_cancelling_one():
+    """Guards against the floor hiding a real error: a 1e-3 relative error injected at an ordinary
+    position (norm >= POSITION_NORM_FLOOR x median) keeps its exact relative figure and breaks 1e-4."""
+    t, y32, y64 = cancelling_record()
+    s = 20
+    norms = y64[0].norm(dim=-1)
+    assert s != t and norms[s] >= compare.POSITION_NORM_FLOOR * norms.median()  # an ordinary position
+    unit = torch.randn(16, generator=torch.Generator().manual_seed(3))
+    bad = y32.clone()
+    bad[0, s] += 1e-3 * y32[0, s].norm() * unit / unit.norm()
+    fig = compare.figures("vs_f64", bad, y64)
+    assert fig["rel_per_position_vs_f64"] == pytest.approx(1e-3, rel=0.01)
+    assert compare.rel_per_position(bad, y64)[s] == pytest.approx(1e-3, rel=0.01)
+    lines = compare.judge([{"check": "injected", **fig}], {"rel_per_position_vs_f64": 1e-4})
+    assert len(lines) == 1 and lines[0].startswith("check=injected: rel_per_position_vs_f64 0.001 > 0.0001"), lines
+
+
+def test_the_floor_keeps_nan_and_inf_failing():
+    """Guards against the floor (its median) weakening NaN/inf: a non-finite output at a floored position
+    still reports inf, a non-finite reference NaN at its own position only (the median is taken over the
+    finite ones, not turned NaN), and an all-zero reference still clamps sanely instead of dividing by 0."""
+    t, y32, y64 = cancelling_record()
+    for value in (float("nan"), float("inf")):
+        bad = y32.clone()
+        bad[0, t, 5] = value  # the nearly cancelling, floored position
+        per = compare.rel_per_position(bad, y64)
+        assert per[t] == math.inf and all(math.isfinite(e) for i, e in enumerate(per) if i != t)
+        fig = compare.figures("vs_f64", bad, y64)
+        assert fig["rel_vs_f64"] == math.inf and fig["rel_per_position_vs_f64"] == math.inf
+        lines = compare.judge([{"check": "c", **fig}], {"rel_per_position_vs_f64": 1e-4})
+        assert lines == ["check=c: rel_per_position_vs_f64 is inf (NaN or inf in the output)"]
+    ref = y64.clone()
+    ref[0, 4, 0] = float("nan")
+    per = compare.rel_per_position(y32, ref)
+    assert math.isnan(per[4]) and all(e < 1e-5 for i, e in enumerate(per) if i != 4)
+    assert math.isnan(compare.figures("vs_f64", y32, ref)["rel_per_position_vs_f64"])
+    zero = torch.zeros(1, 3, 4)
+    assert compare.rel_per_position(zero, zero) == [0.0, 0.0, 0.0]
+    off = zero.clone()
+    off[0, 1, 2] = 1e-3
+    assert compare.exceeds(compare.figures("vs_x", off, zero)["rel_per_position_vs_x"], 1.0)
+    assert compare.rel_per_position(torch.full((1, 1, 4), 2.0), torch.ones(1, 1, 4)) == [1.0]  # one position
+
+
 @pytest.mark.parametrize(
     "section, fragment",
     [

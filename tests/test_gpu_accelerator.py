@@ -350,7 +350,7 @@ def test_the_pair_as_built_is_fully_accelerated_and_exact_in_fp32(two_layer_mode
     # sections: the file itself, or (with the limit lowered) 256 KiB of constants at a time
     graph = sections.SectionedGraph(path, 2**18 if limit else 2**40)
     assert {len(graph.sections(n)) > 1 for n in ("prefix", "suffix")} == {bool(limit)}
-    runs = {mode: gpu_check.ModeRun(graph, enforce, census) for mode, enforce in gpu_check.MODES.items()}
+    runs = {mode: gpu_check.ModeRun(graph, mode, census) for mode in gpu_check.MODES}
     for run in runs.values():
         run.gate()
         assert run.fully_accelerated and run.device["adapter"]
@@ -400,7 +400,7 @@ def test_the_pairs_first_layer_on_the_gpu_matches_torch_cut_to_that_layer(two_la
         tokens = {p: [(5 * i + p) % 90 + 3 for i in range(p + S)] for p in pair_check.chaining_lengths(P, S)[0]}
         chaining = gpu_check.chaining_references(first, host, stock, P, S, tokens)
         shapes = pair_graph.state_shapes(first, P)
-    run = gpu_check.ModeRun(graph, True, tflite_file.census(path))
+    run = gpu_check.ModeRun(graph, "fp32", tflite_file.census(path))
     rows = gpu_check.pair_rows({"fp32": run}, host, refs, chaining, P, S, "R64+sp+ec+dd+vs6", shapes)
     graph.close()
     assert run.fully_accelerated and len(rows) == 2 + len(chaining)
@@ -457,7 +457,7 @@ def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_p
 BOUNDS = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}
 
 
-def row(mode, rel_torch, finite=True, fp16=0.02, floor=0.01, per_position=None):
+def row(mode, rel_torch, finite=True, fp16=0.02, floor=0.01, per_position=None, half_per_position=None):
     r = {
         "mode": mode,
         "record": "full",
@@ -465,27 +465,46 @@ def row(mode, rel_torch, finite=True, fp16=0.02, floor=0.01, per_position=None):
         "rel_vs_torch": rel_torch,
         "rel_per_position_vs_torch": rel_torch if per_position is None else per_position,
     }
-    if mode == "fp16":
+    if mode in gpu_check.HALF_MODES:
+        pp = fp16 if half_per_position is None else half_per_position
         r.update(
             {
                 "rel_vs_f64": fp16,
-                "rel_per_position_vs_f64": fp16,
+                "rel_per_position_vs_f64": pp,
                 "rel_floor_vs_f64": floor,
                 "rel_per_position_floor_vs_f64": floor,
+                "over_floor": gpu_check.ratio(fp16, floor),
+                "over_floor_per_position": gpu_check.ratio(pp, floor),
             }
         )
     return r
 
 
 def test_summary_fails_on_nan_non_finite_and_fp32_over_a_bound():
-    ok, problems = gpu_check.summary([row("fp32", 1e-6), row("fp16", 0.02)], BOUNDS)
+    ok, problems = gpu_check.summary([row("fp32", 1e-6), row("fp16", 0.02), row("mixed", 1e-6, fp16=0.015)], BOUNDS)
     assert problems == [] and ok["fp16_over_floor"] == pytest.approx(2.0) and ok["fp16_within_target"]
+    assert ok["modes"]["mixed"]["over_floor"] == pytest.approx(1.5) and ok["modes"]["mixed"]["enforced"]
     _, problems = gpu_check.summary([row("fp32", float("nan")), row("fp16", 0.02)], BOUNDS)
     assert problems and "rel_vs_torch is nan" in problems[0]
     _, problems = gpu_check.summary([row("fp32", 2e-4, per_position=1e-5), row("fp16", 0.02, finite=False)], BOUNDS)
     assert len(problems) == 2 and any("not finite" in p for p in problems)
     _, problems = gpu_check.summary([row("fp32", 1e-6, per_position=3e-4), row("fp16", 0.02)], BOUNDS)
     assert problems == ["mode=fp32, record=full: rel_per_position_vs_torch 0.0003 > 0.0001"]
+
+
+def test_mixed_over_the_floor_target_fails_globally_or_per_position_and_fp16_is_only_recorded():
+    """The mixed mode is enforced: over fp16_max_over_floor x the floor, globally or at its worst
+    position, or NaN, is a problem; fp16 far over the target is recorded (within_target false), not
+    a failure (the mode of a runtime without mixed)."""
+    base = [row("fp32", 1e-6), row("fp16", 1e-6, fp16=0.2)]
+    doc, problems = gpu_check.summary([*base, row("mixed", 1e-6, fp16=0.015)], BOUNDS)
+    assert problems == [] and doc["fp16_within_target"] is False and doc["modes"]["fp16"]["over_floor"] == 20
+    _, problems = gpu_check.summary([*base, row("mixed", 1e-6, fp16=0.025, half_per_position=0.015)], BOUNDS)
+    assert problems == ["mode=mixed, record=full: over_floor 2.5 > 2"]
+    _, problems = gpu_check.summary([*base, row("mixed", 1e-6, fp16=0.015, half_per_position=0.03)], BOUNDS)
+    assert problems == ["mode=mixed, record=full: over_floor_per_position 3 > 2"]
+    _, problems = gpu_check.summary([*base, row("mixed", 1e-6, fp16=float("nan"))], BOUNDS)
+    assert problems and "over_floor is nan" in problems[0]
 
 
 @pytest.mark.parametrize(

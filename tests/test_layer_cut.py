@@ -146,9 +146,12 @@ def test_checked_layers_is_the_first_block_when_the_stack_has_more():
     types = ["linear_attention"] * 3 + ["full_attention"]
     deep = NS(layer_types=types * 8, num_hidden_layers=32)
     one = NS(layer_types=types, num_hidden_layers=4)
-    assert gpu_check.checked_layers("block", deep) == 4
-    assert gpu_check.checked_layers("block", one) is None  # the block is the whole stack
-    assert gpu_check.checked_layers("all", deep) is None
+    assert gpu_check.checked_layers("block", deep, "tiny") == 4
+    assert gpu_check.checked_layers("block", one, "hub") is None  # the block is the whole stack
+    assert gpu_check.checked_layers("all", deep, "hub") is None
+    # auto: every layer of the tiny checkpoint, the first block of any other
+    assert gpu_check.checked_layers("auto", deep, "tiny") is None
+    assert gpu_check.checked_layers("auto", deep, "hub") == gpu_check.checked_layers("auto", deep, "synthetic") == 4
 
 
 def test_residual_stream_makes_the_final_norm_the_identity_and_restores_it():

@@ -216,7 +216,7 @@ def test_the_gpu_check_compiles_the_smallest_section_to_gate_and_each_section_on
     path, feeds = chain
     compiled = []
 
-    def compile_on_cpu(p, fp32, census=None):
+    def compile_on_cpu(p, mode, census=None):
         compiled.append(p)
         c = Cpu(p)
         c.fully_accelerated = True
@@ -224,10 +224,11 @@ def test_the_gpu_check_compiles_the_smallest_section_to_gate_and_each_section_on
 
     monkeypatch.setattr(gpu_accelerator, "compile", compile_on_cpu)
     monkeypatch.setattr(gpu_accelerator, "device", lambda c: {"adapter": "cpu"})
+    monkeypatch.setattr(gpu_accelerator, "prove_mode", lambda mode: gpu_accelerator.ModeProof(mode, 0.0, mode))
     graph = sections.SectionedGraph(path, max_bytes=2 * WEIGHT + 1000)
     try:
         cut = graph.sections(export.DEFAULT_SIGNATURE)
-        run = gpu_check.ModeRun(graph, True)
+        run = gpu_check.ModeRun(graph, "fp32")
         run.gate()
         assert compiled == [min(cut, key=lambda s: s.constant_bytes).path] and len(cut) >= 3
         compiled.clear()

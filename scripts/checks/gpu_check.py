@@ -1,11 +1,14 @@
 """Verification on LiteRT's GPU accelerator: every signature of a graph compiled for the GPU alone,
-in fp32 (`enforce_f32`) and in the accelerator's default fp16 mode, on host-built records.
+in each of its modes (scripts/litert/gpu_accelerator.py: fp32, fp16, mixed = fp16 storage with fp32
+accumulation), each mode first shown by its effect on the precision probe, on host-built records.
 
 - fp32: every output of every signature against the torch graph on the same inputs; a pair's suffix
   is fed the torch prefix's state, so each signature is judged on its own. Bound: verify_gpu.max_rel_fp32.
-- fp16: every output finite (a failure otherwise), and the hidden states against stock transformers
-  in float64, beside the half-precision floor: stock transformers run in torch float16 on the same
-  tokens against the same float64. The target is fp16 <= verify_gpu.fp16_max_over_floor x floor.
+- fp16 and mixed (the half modes): every output finite (a failure otherwise), and the hidden states
+  against stock transformers in float64, beside the half-precision floor: stock transformers run in
+  torch float16 on the same tokens against the same float64. Each row's ratio to the floor, global
+  and per position, is held to verify_gpu.fp16_max_over_floor in `mixed` (a failure otherwise) and
+  recorded against it in `fp16` (the mode of a device whose runtime lacks the mixed one).
 - pairs also chain on the GPU: suffix(prefix(x[:p]), x[p:p+s]) for p = P/2, s in {1, S},
   in both modes, against the row graph in torch (fp32) and stock float64 (fp16); the prefix runs
   once for both its suffixes and is also the prefix signature's check.
@@ -19,7 +22,9 @@ same place.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -31,7 +36,9 @@ from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
 
-MODES = {"fp32": True, "fp16": False}  # mode -> enforce_f32
+MODES = gpu_accelerator.MODES
+HALF_MODES = ("fp16", "mixed")  # held against stock float64 and the torch float16 floor
+ENFORCED = "mixed"  # the half mode whose ratio to the floor fails the stage
 # What the accelerator runs, a subset of the CPU checks' records: on a machine without a GPU its runs
 # are the slowest part of the pipeline, each costs about what a record costs at that length. One record
 # with real tokens and padding both: rows the right-padded record (2/3 real); pairs one prefix of P/2
@@ -44,12 +51,15 @@ def chaining_prefixes(P: int) -> list[int]:
     return [P // 2]
 
 
-def checked_layers(depth: str, config) -> int | None:
+def checked_layers(depth: str, config, source: str) -> int | None:
     """verify_gpu.layers -> how many decoder layers the accelerator runs: `block`, the first hybrid
     block (its GatedDeltaNets and its attention layer: every op kind of the graph), when the stack has
-    more; None for all of them."""
+    more; `all` (None) every layer; `auto` every layer of the tiny checkpoint (seconds on a software
+    GPU), the first block of any other (model.source)."""
     from scripts.qwen35 import text_stack
 
+    if depth == "auto":
+        depth = "all" if source == "tiny" else "block"
     n = text_stack.first_block(config)
     return n if depth == "block" and n < config.num_hidden_layers else None
 
@@ -86,9 +96,20 @@ class StockReferences:
         return exact, half
 
 
-def fp16_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict:
-    """The accelerator's fp16 hidden states and the floor, both against float64, global and per position."""
-    return {**compare.figures("vs_f64", out, exact), **compare.figures("floor_vs_f64", half, exact)}
+def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict:
+    """A half mode's hidden states and the floor, both against float64, global and per position, and
+    their ratios: over_floor (global) and over_floor_per_position (the worst positions' figures)."""
+    figs = {**compare.figures("vs_f64", out, exact), **compare.figures("floor_vs_f64", half, exact)}
+    figs["over_floor"] = ratio(figs["rel_vs_f64"], figs["rel_floor_vs_f64"])
+    figs["over_floor_per_position"] = ratio(figs["rel_per_position_vs_f64"], figs["rel_per_position_floor_vs_f64"])
+    return figs
+
+
+def ratio(error: float, floor: float) -> float:
+    """error / floor; NaN where either is not finite, so that a bound on it fails."""
+    if not (math.isfinite(error) and math.isfinite(floor)):
+        return float("nan")
+    return error / max(floor, 1e-30)
 
 
 def finite(outputs: dict) -> bool:
@@ -121,22 +142,24 @@ class ModeRun:
     time spent compiling for the accelerator and running on it (feeding and reading included), the
     part of the stage a faster GPU shortens."""
 
-    def __init__(self, graph, fp32: bool, census: dict | None = None):
-        self.graph, self.fp32, self.census = graph, fp32, census
-        self.fully_accelerated, self.device, self.seconds = True, None, 0.0
+    def __init__(self, graph, mode: str, census: dict | None = None):
+        self.graph, self.mode, self.census = graph, mode, census
+        self.fully_accelerated, self.device, self.seconds, self.proof = True, None, 0.0, None
 
     def compile(self, path):
-        c = gpu_accelerator.compile(path, self.fp32, self.census)
+        c = gpu_accelerator.compile(path, self.mode, self.census)
         self.fully_accelerated &= c.fully_accelerated
         self.device = self.device or gpu_accelerator.device(c)
         return c
 
     def gate(self) -> None:
-        """Compile the graph's smallest section in this mode, before any torch work: no adapter, or a
-        mode the device cannot set up, is a ClefError here. Every section is compiled again when it runs
+        """Show the mode by its effect (gpu_accelerator.prove_mode: the precision probe), then compile
+        the graph's smallest section in it, before any torch work: no adapter, a mode the runtime
+        ignores or a mode the device cannot set up is a ClefError here. Every section is compiled again when it runs
         (once per batch), where an op the accelerator refuses is a ClefError naming it: compiling every
         section here as well would double the compiles, most of the stage's time on a software GPU."""
         start = time.perf_counter()
+        self.proof = gpu_accelerator.prove_mode(self.mode)
         smallest = min(
             (s for name in self.graph.plans for s in self.graph.sections(name)), key=lambda s: s.constant_bytes
         )
@@ -186,8 +209,8 @@ def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
                 "finite": finite(outs),
                 **compare.figures("vs_torch", out, ref["torch"]),
             }
-            if mode == "fp16":
-                row.update(fp16_figures(out, ref["exact"], ref["half"]))
+            if mode in HALF_MODES:
+                row.update(half_figures(out, ref["exact"], ref["half"]))
             rows.append(row)
     return rows
 
@@ -287,33 +310,86 @@ def pair_rows(
                 and finite(state.tensors),
                 **compare.figures("vs_torch", out, ref["torch"]),
             }
-            if mode == "fp16":
-                r.update(fp16_figures(out, ref["exact"], ref["half"]))
+            if mode in HALF_MODES:
+                r.update(half_figures(out, ref["exact"], ref["half"]))
             rows.append(r)
     return rows
 
 
+@dataclass
+class ModeFigures:
+    """One mode's worst figures over a graph's rows (None where the mode has none): fp32 against the
+    torch graph; a half mode against stock float64, beside the floor and its ratio to it."""
+
+    mode: str
+    rows: int
+    all_finite: bool
+    max_rel_vs_torch: float | None
+    max_rel_per_position_vs_torch: float | None
+    max_rel_vs_f64: float | None = None
+    max_rel_per_position_vs_f64: float | None = None
+    floor_max_rel_vs_f64: float | None = None
+    floor_max_rel_per_position_vs_f64: float | None = None
+    over_floor: float | None = None
+    over_floor_per_position: float | None = None
+    target_over_floor: float | None = None
+    within_target: bool | None = None
+    enforced: bool = False
+
+
+def mode_figures(rows: list[dict], mode: str, over_floor: float) -> ModeFigures:
+    mine = [r for r in rows if r["mode"] == mode]
+    figs = ModeFigures(
+        mode,
+        len(mine),
+        all(r["finite"] for r in mine),
+        compare.worst(mine, "rel_vs_torch"),
+        compare.worst(mine, "rel_per_position_vs_torch"),
+    )
+    if mode in HALF_MODES:
+        figs.max_rel_vs_f64 = compare.worst(mine, "rel_vs_f64")
+        figs.max_rel_per_position_vs_f64 = compare.worst(mine, "rel_per_position_vs_f64")
+        figs.floor_max_rel_vs_f64 = compare.worst(mine, "rel_floor_vs_f64")
+        figs.floor_max_rel_per_position_vs_f64 = compare.worst(mine, "rel_per_position_floor_vs_f64")
+        figs.over_floor = compare.worst(mine, "over_floor")
+        figs.over_floor_per_position = compare.worst(mine, "over_floor_per_position")
+        figs.target_over_floor = over_floor
+        figs.within_target = not (
+            compare.exceeds(figs.over_floor, over_floor) or compare.exceeds(figs.over_floor_per_position, over_floor)
+        )
+        figs.enforced = mode == ENFORCED
+    return figs
+
+
 def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
     """Headline figures and the problems, one line each: not finite, fp32 over a bound (global or per
-    position). The fp16 ratio to the floor is recorded against its target, not enforced."""
+    position), the enforced half mode (`mixed`) over fp16_max_over_floor x the floor (global or per
+    position). fp16's ratio is recorded against the same target, not enforced. `modes` holds every
+    mode's ModeFigures; the flat keys are fp32's and fp16's, as earlier records have them."""
+    over_floor = bounds["fp16_max_over_floor"]
     fp32 = [r for r in rows if r["mode"] == "fp32"]
-    problems = compare.judge([r for r in rows if r["mode"] != "fp32"], {})
+    problems = compare.judge([r for r in rows if r["mode"] not in ("fp32", ENFORCED)], {})
     problems += compare.judge(
         fp32, {"rel_vs_torch": bounds["max_rel_fp32"], "rel_per_position_vs_torch": bounds["max_rel_per_position_fp32"]}
     )
-    fp16 = [r for r in rows if "rel_vs_f64" in r]
-    ratio = compare.largest([r["rel_vs_f64"] / max(r["rel_floor_vs_f64"], 1e-30) for r in fp16])
-    over_floor = bounds["fp16_max_over_floor"]
+    problems += compare.judge(
+        [r for r in rows if r["mode"] == ENFORCED], {"over_floor": over_floor, "over_floor_per_position": over_floor}
+    )
+    modes = {m: mode_figures(rows, m, over_floor) for m in dict.fromkeys(r["mode"] for r in rows)}
+    fp16 = modes.get("fp16")
     doc = {
         "fp32_max_rel_vs_torch": compare.worst(fp32, "rel_vs_torch"),
         "fp32_max_rel_per_position_vs_torch": compare.worst(fp32, "rel_per_position_vs_torch"),
-        "fp16_max_rel_vs_f64": compare.worst(fp16, "rel_vs_f64"),
-        "fp16_max_rel_per_position_vs_f64": compare.worst(fp16, "rel_per_position_vs_f64"),
-        "floor_max_rel_vs_f64": compare.worst(fp16, "rel_floor_vs_f64"),
-        "floor_max_rel_per_position_vs_f64": compare.worst(fp16, "rel_per_position_floor_vs_f64"),
-        "fp16_over_floor": ratio,
+        "fp16_max_rel_vs_f64": fp16 and fp16.max_rel_vs_f64,
+        "fp16_max_rel_per_position_vs_f64": fp16 and fp16.max_rel_per_position_vs_f64,
+        "floor_max_rel_vs_f64": compare.worst([r for r in rows if "rel_floor_vs_f64" in r], "rel_floor_vs_f64"),
+        "floor_max_rel_per_position_vs_f64": compare.worst(
+            [r for r in rows if "rel_per_position_floor_vs_f64" in r], "rel_per_position_floor_vs_f64"
+        ),
+        "fp16_over_floor": fp16 and fp16.over_floor,
         "fp16_target_over_floor": over_floor,
-        "fp16_within_target": not compare.exceeds(ratio, over_floor),
+        "fp16_within_target": bool(fp16 and fp16.within_target),
         "all_finite": all(r["finite"] for r in rows),
+        "modes": {m: asdict(f) for m, f in modes.items()},
     }
     return doc, problems

@@ -233,7 +233,7 @@ SCHEMA = {
             "fp16_max_over_floor": positive_number,
             "section_fraction": positive_number,
             "section_work": positive_number,
-            "layers": one_of("block", "all"),
+            "layers": one_of("auto", "block", "all"),
         }
     ),
     "release": mapping(
