@@ -80,6 +80,7 @@ GPU_FIGURES = (
     "fp16_target_over_floor",
     "fp16_within_target",
     "all_finite",
+    "modes",
     "device",
 )
 

@@ -28,6 +28,12 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--pair", action="store_true", help="run --text as a shared prefix and each --question after it")
     run.add_argument("--question", action="append", default=[], help="a question for --pair (repeatable)")
     run.add_argument("--top", type=int, default=5, help="lm_head tokens to show (default: %(default)s)")
+    run.add_argument("--gpu", action="store_true", help="run on LiteRT's GPU accelerator alone (default: the CPU)")
+    run.add_argument(
+        "--precision",
+        help="with --gpu: fp32, fp16 or mixed (fp16 storage, fp32 accumulation; default: mixed), shown by its "
+        "effect on a probe graph before the release is run",
+    )
     run.add_argument(
         "--weights",
         help="checkpoint directory holding embed_tokens and lm_head, for a release "
@@ -50,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--gpu",
         action="store_true",
-        help="also run every signature on LiteRT's GPU accelerator alone, in fp32 and fp16 modes",
+        help="also run every signature on LiteRT's GPU accelerator alone, in fp32, fp16 and mixed modes",
     )
 
     audit = sub.add_parser("audit", help="what produced a .tflite, from its metadata, and whether a manifest agrees")

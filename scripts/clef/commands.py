@@ -63,18 +63,50 @@ def smallest(candidates: list, fits, what: str, need: str):
     return fitting[0]
 
 
+def graph_signatures(path: Path, gpu: bool, precision: str | None):
+    """`signature(name)` over a release graph (None: its only signature), each a callable on named torch
+    tensors: LiteRT's interpreter on the CPU, or the graph compiled for the GPU accelerator alone in
+    `precision` (through LiteRT's C API, scripts/litert/gpu_accelerator.py)."""
+    if not gpu:
+        from scripts.checks.tflite_check import interpreter
+
+        return references.interpreter_signature(interpreter(path))
+    from scripts.litert import gpu_accelerator, tflite_file
+
+    compiled = gpu_accelerator.compile(path, precision, tflite_file.census(path))
+    progress(f"{path.name}: compiled for the GPU accelerator alone in {precision} on {compiled.adapter}")
+    return compiled.signature
+
+
+def gpu_precision(args) -> str | None:
+    """--precision, checked before any work (it needs --gpu; default mixed), then shown by its effect on
+    the precision probe: a mode this runtime ignores is one line, before the release is opened."""
+    from scripts.litert import litert_c
+
+    if not args.gpu:
+        if args.precision is not None:
+            raise ClefError("--precision needs --gpu")
+        return None
+    mode = litert_c.check_mode(args.precision or "mixed")
+    from scripts.litert import gpu_accelerator
+
+    proof = gpu_accelerator.prove_mode(mode)
+    progress(f"GPU precision {mode}: the probe's error {proof.probe_error:.2e} is {proof.arithmetic} arithmetic")
+    return mode
+
+
 def run(args) -> int:
     import torch
 
-    from scripts.checks.tflite_check import interpreter
-    from scripts.qwen35.host import PairRunner, litert_signature
+    from scripts.qwen35.host import PairRunner
 
     root = Path(args.release)
-    manifest = reader.load_manifest(root)
     if args.top < 1:
         raise ClefError("--top must be at least 1")
     if args.question and not args.pair:
         raise ClefError("--question needs --pair")
+    manifest = reader.load_manifest(root)
+    precision = gpu_precision(args)
     host = open_host(root, manifest, args.weights)
     arts = manifest["artifacts"]
     ids = host.encode(args.text)
@@ -88,12 +120,13 @@ def run(args) -> int:
             "row graph",
             f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})",
         )
-        runner = interpreter(root / path).get_signature_runner()
-        out = litert_signature(runner)(**host.record(ids, art["L"]))["hidden"]
+        signature = graph_signatures(root / path, args.gpu, precision)
+        out = signature(None)(**host.record(ids, art["L"]))["hidden"]
         last = out[0, len(ids) - 1]
         print(
             f"{path}: {len(ids)} tokens in L={art['L']} "
-            f"(form {manifest['form']}, revision {manifest['model']['revision'][:12]})"
+            f"(form {manifest['form']}, revision {manifest['model']['revision'][:12]}; "
+            f"{f'GPU {precision}' if args.gpu else 'CPU'})"
         )
         print(f"hidden, last position: {summarize(last)}; all finite: {bool(torch.isfinite(out[0, : len(ids)]).all())}")
         print(f"top lm_head tokens at the last position: {top_tokens(host, last, args.top)}")
@@ -112,19 +145,22 @@ def run(args) -> int:
         "pair",
         f"a context of {len(ids)} tokens and a question of {longest}",
     )
-    interp = interpreter(root / path)
+    signature = graph_signatures(root / path, args.gpu, precision)
     shapes = {e["name"]: e["shape"] for e in art["signatures"]["suffix"]["inputs"] if e["name"] not in TOKEN_INPUTS}
     runner = PairRunner(
         host,
-        litert_signature(interp.get_signature_runner("prefix")),
-        litert_signature(interp.get_signature_runner("suffix")),
+        signature("prefix"),
+        signature("suffix"),
         art["P"],
         art["S"],
         manifest["form"],
         shapes,
     )
     hidden, state = runner.prefix(ids)
-    print(f"{path}: context of {len(ids)} tokens in P={art['P']}; context's last position: {summarize(hidden[0, -1])}")
+    print(
+        f"{path}: context of {len(ids)} tokens in P={art['P']} ({f'GPU {precision}' if args.gpu else 'CPU'}); "
+        f"context's last position: {summarize(hidden[0, -1])}"
+    )
     for text, q in zip(args.question, questions, strict=True):
         out = runner.suffix(state, q)
         print(f"question {text!r} ({len(q)} tokens): last position {summarize(out[0, -1])}")
@@ -218,15 +254,18 @@ def verify(args) -> int:
 
 
 def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
-    """The reference record through every signature on LiteRT's GPU accelerator alone: fp32 mode held to
-    the reference threshold, fp16 mode to being finite; each beside what the release measured."""
+    """The reference record through every signature on LiteRT's GPU accelerator alone, in every mode
+    (each shown by its effect on the precision probe first): fp32 held to the reference thresholds,
+    fp16 and mixed to being finite; each beside what the release's verify_gpu measured."""
     from scripts.litert import gpu_accelerator, tflite_file
 
     ref, gpu = art["reference"], art.get("gpu") or {}
+    recorded_modes = gpu.get("modes") or {}
     problems = []
-    for mode, fp32 in (("fp32", True), ("fp16", False)):
+    for mode in gpu_accelerator.MODES:
         try:
-            compiled = gpu_accelerator.compile(file, fp32, tflite_file.census(file))
+            gpu_accelerator.prove_mode(mode)
+            compiled = gpu_accelerator.compile(file, mode, tflite_file.census(file))
         except ClefError as exc:
             if "no Vulkan adapter" in str(exc):
                 raise
@@ -238,7 +277,8 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
         finally:
             compiled.close()
         measured = figures["rel_vs_expected"]
-        if fp32:
+        at_release = recorded_modes.get(mode)
+        if mode == "fp32":
             ok = not reader.reference_problems(figures, ref)
             recorded = (
                 f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
@@ -247,14 +287,14 @@ def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
         else:
             ok = measured < float("inf")
             recorded = (
-                f"the release's verify_gpu: {gpu['fp16_max_rel_vs_f64']:.2e} vs float64, floor "
-                f"{gpu['floor_max_rel_vs_f64']:.2e}"
-                if gpu
+                f"the release's verify_gpu: {at_release['max_rel_vs_f64']:.2e} vs float64, "
+                f"{at_release['over_floor']:.2f}x the floor {at_release['floor_max_rel_vs_f64']:.2e}"
+                if at_release
                 else "not measured at release"
             )
             bound = "finite"
         print(
-            f"{'ok  ' if ok else 'FAIL'} {path}: GPU {mode} on {compiled.adapter}: max rel {measured:.2e} "
+            f"{'ok  ' if ok else 'FAIL'} {path}: GPU {mode} on {compiled.adapter}: max rel vs expected {measured:.2e} "
             f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})"
         )
         if not ok or not compiled.fully_accelerated:

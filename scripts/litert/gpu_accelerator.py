@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scripts.litert import litert_c
 from scripts.pipeline.errors import ClefError
 
 INSTALL_HINT = (
@@ -94,19 +95,7 @@ def adapter_name(log: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-MODES = ("fp32", "fp16", "mixed")
-# What a device team sets through LiteRT's C/C++ API for each mode: LiteRtDelegatePrecision.
-PRECISION_NAMES = {
-    "fp32": "kLiteRtDelegatePrecisionFp32",
-    "fp16": "kLiteRtDelegatePrecisionFp16",
-    "mixed": "kLiteRtDelegatePrecisionFp16WithFp32Accum",
-}
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ClefError(f"unknown GPU precision {mode!r}: one of {', '.join(MODES)}")
-    return mode
+MODES, check_mode = litert_c.MODES, litert_c.check_mode
 
 
 @dataclass
@@ -238,8 +227,6 @@ def compile(path, mode: str = "fp32", census: dict | None = None) -> Compiled:  
     """Compile `path` for the GPU accelerator alone in `mode` (one of MODES) through LiteRT's C API.
     A refused op (named with the signatures that hold it, given the file's census), a partial
     acceleration or a missing adapter is a ClefError naming it."""
-    from scripts.litert import litert_c
-
     path = Path(path)
     check_mode(mode)
     if not path.is_file():

@@ -26,8 +26,25 @@ import numpy as np
 
 from scripts.pipeline.errors import ClefError
 
-# LiteRtDelegatePrecision (litert_common.h): the value set through the C API, by our mode name.
-PRECISION = {"fp16": 1, "fp32": 2, "mixed": 3}
+# The GPU modes, by our name: the LiteRtDelegatePrecision value set through the C API and the enum's
+# name in LiteRT's C/C++ API (litert_common.h), which a device team sets. mixed = fp16 storage with
+# fp32 accumulation (FULLY_CONNECTED, BATCH_MATMUL, convolutions).
+PRECISION = {"fp32": 2, "fp16": 1, "mixed": 3}
+PRECISION_NAMES = {
+    "fp32": "kLiteRtDelegatePrecisionFp32",
+    "fp16": "kLiteRtDelegatePrecisionFp16",
+    "mixed": "kLiteRtDelegatePrecisionFp16WithFp32Accum",
+}
+MODES = tuple(PRECISION)
+
+
+def check_mode(mode: str) -> str:
+    """A GPU mode name, or one ClefError line naming the choices."""
+    if mode not in MODES:
+        raise ClefError(f"unknown GPU precision {mode!r}: one of {', '.join(MODES)}")
+    return mode
+
+
 GPU_OPTIONS_ID = b"gpu_options"
 HW_GPU, HW_CPU = 1 << 1, 1 << 0
 ENV_RUNTIME_LIBRARY_DIR = 22  # kLiteRtEnvOptionTagRuntimeLibraryDir

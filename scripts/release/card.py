@@ -5,6 +5,51 @@ times), so the card, like every other file the manifest hashes, is the same on a
 from __future__ import annotations
 
 
+def gpu_precision_advice(gpus: list[dict]) -> list[str]:
+    """How a device team selects each GPU mode through LiteRT's C/C++ API, and what each gave here."""
+    from scripts.litert.litert_c import PRECISION, PRECISION_NAMES
+
+    def worst(mode: str, key: str):
+        vals = [
+            g["modes"][mode][key]
+            for g in gpus
+            if mode in (g.get("modes") or {}) and g["modes"][mode].get(key) is not None
+        ]
+        return max(vals) if vals else None
+
+    out = [
+        "Choosing the GPU precision (LiteRT >= 2.2): `LrtSetGpuAcceleratorCompilationOptionsPrecision` in the "
+        "C API, `GpuOptions::SetPrecision` in C++ (`GpuOptions::Precision::kFp16WithFp32Accum` for mixed), or "
+        "the opaque options entry `gpu_options` with the TOML text `precision = <value>`, which is what "
+        "clef-litert sets; the value is a `LiteRtDelegatePrecision`. What each mode gave on these graphs:",
+        "",
+    ]
+    for mode, value in PRECISION.items():
+        if mode == "fp32":
+            err = worst(mode, "max_rel_vs_torch")
+            figure = (
+                f"worst {err:.2e} vs the torch graph (exact up to float32 rounding)"
+                if err is not None
+                else "not measured"
+            )
+        else:
+            err, over = worst(mode, "max_rel_vs_f64"), worst(mode, "over_floor")
+            figure = (
+                f"worst {err:.2e} vs float64, {over:.1f} x the torch-float16 floor"
+                if err is not None
+                else "not measured"
+            )
+        out.append(f"- {mode}: `{PRECISION_NAMES[mode]}` ({value}): {figure}.")
+    out += [
+        "",
+        "mixed (fp16 storage, fp32 accumulation in FULLY_CONNECTED and BATCH_MATMUL) is held within the target "
+        "by the release's checks; fp16 accumulates every dot product in fp16 and drifts with the width; a "
+        "runtime older than LiteRT 2.2 lacks mixed, and one that cannot parse the option runs fp16 silently, so "
+        "check a mode by its effect (`clef run --gpu --precision mixed` runs a probe graph first).",
+    ]
+    return out
+
+
 def _io_table(entries: list[dict]) -> list[str]:
     lines = ["| name | shape | dtype | meaning |", "|---|---|---|---|"]
     lines += [f"| `{e['name']}` | {e['shape']} | {e['dtype']} | {e.get('meaning') or ''} |" for e in entries]
@@ -162,12 +207,17 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
                 g["threshold_fp32"],
                 g.get("threshold_per_position_fp32"),
             )
-            out.append(
-                f"| {what}: GPU accelerator, fp16 vs float64 (floor: torch float16 {g['floor_max_rel_vs_f64']:.2e}) | "
-                f"{g['fp16_max_rel_vs_f64']:.2e} | {g['fp16_max_rel_per_position_vs_f64']:.2e} | target "
-                f"{g['fp16_target_over_floor']:g} x floor: {'met' if g['fp16_within_target'] else 'not met'} "
-                f"({g['fp16_over_floor']:.1f} x) |"
-            )
+            for mode, m in (g.get("modes") or {}).items():
+                if m.get("max_rel_vs_f64") is None:
+                    continue
+                held = "enforced" if m["enforced"] else "recorded"
+                out.append(
+                    f"| {what}: GPU accelerator, {mode} vs float64 (floor: torch float16 "
+                    f"{m['floor_max_rel_vs_f64']:.2e}) | {m['max_rel_vs_f64']:.2e} | "
+                    f"{m['max_rel_per_position_vs_f64']:.2e} | {m['target_over_floor']:g} x floor ({held}): "
+                    f"{'met' if m['within_target'] else 'not met'} ({m['over_floor']:.1f} x, "
+                    f"{m['over_floor_per_position']:.1f} x per position) |"
+                )
     gpus = [a["gpu"] for a in artifacts.values() if "gpu" in a]
     if gpus:
         checked, layers = gpus[0]["layers_checked"], gpus[0]["layers"]
@@ -182,6 +232,8 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
                 else f"over the first {checked} of {layers} decoder layers (the first block: every op kind of "
                 "the graph), against the residual stream after them."
             ),
+            "",
+            *gpu_precision_advice(gpus),
         ]
     out += [
         "",
