@@ -186,7 +186,7 @@ def workspace(ws: Path) -> dict:
         "params": {
             k: v
             for k, v in params.read(ws / "params.yaml").items()
-            if k in ("lengths", "pairs", "memory", "verify_gpu")
+            if k in ("lengths", "pairs", "memory", "verify_gpu", "model")
         },
     }
 
@@ -227,7 +227,14 @@ def extrapolate(tiny: dict, real: dict) -> dict:
     - AS_MEASURED stages: as measured at real width, and so the time of a GPU stage that runs the first
       block only (verify_gpu.layers: block): it loads, references and runs that block at any depth."""
     blocks = CLEF_FLASH_LAYERS // real["layers"] if real.get("layers") else None
-    gpu_block = ((real.get("params") or {}).get("verify_gpu") or {}).get("layers") == "block"
+    real_params = real.get("params") or {}
+    gpu_block = (
+        params.gpu_depth(
+            (real_params.get("verify_gpu") or {}).get("layers", "block"),
+            (real_params.get("model") or {}).get("source", "synthetic"),
+        )
+        == "block"
+    )
     stack_gib = (real.get("fp32_bytes") or 0) / 2**30
     out = {}
     for name, r in real["stages"].items():

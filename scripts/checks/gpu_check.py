@@ -58,8 +58,7 @@ def checked_layers(depth: str, config, source: str) -> int | None:
     GPU), the first block of any other (model.source)."""
     from scripts.qwen35 import text_stack
 
-    if depth == "auto":
-        depth = "all" if source == "tiny" else "block"
+    depth = params.gpu_depth(depth, source)
     n = text_stack.first_block(config)
     return n if depth == "block" and n < config.num_hidden_layers else None
 

@@ -21,6 +21,17 @@ from scripts.layers import kernel_form
 from scripts.pipeline.errors import ClefError
 
 SOURCES = ("tiny", "synthetic", "hub")
+GPU_DEPTHS = ("auto", "block", "all")
+
+
+def gpu_depth(layers: str, source: str) -> str:
+    """verify_gpu.layers as it applies to model.source: `auto` is `all` on the tiny checkpoint (its whole
+    graphs take seconds on a software GPU) and `block` on any other (a 9B stack takes hours there)."""
+    if layers == "auto":
+        return "all" if source == "tiny" else "block"
+    return layers
+
+
 HOST_WEIGHT_MODES = ("include", "reference")
 REVISION = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -233,7 +244,7 @@ SCHEMA = {
             "fp16_max_over_floor": positive_number,
             "section_fraction": positive_number,
             "section_work": positive_number,
-            "layers": one_of("auto", "block", "all"),
+            "layers": one_of(*GPU_DEPTHS),
         }
     ),
     "release": mapping(
