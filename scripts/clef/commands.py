@@ -105,8 +105,8 @@ def run(args) -> int:
         raise ClefError("--top must be at least 1")
     if args.question and not args.pair:
         raise ClefError("--question needs --pair")
-    manifest = reader.load_manifest(root)
     precision = gpu_precision(args)
+    manifest = reader.load_manifest(root)
     host = open_host(root, manifest, args.weights)
     arts = manifest["artifacts"]
     ids = host.encode(args.text)
