@@ -133,3 +133,17 @@ def test_precision_names_are_the_c_api_enum():
         "fp16": "kLiteRtDelegatePrecisionFp16",
         "mixed": "kLiteRtDelegatePrecisionFp16WithFp32Accum",
     }
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--gpu", "--precision", "fp8"], "unknown GPU precision 'fp8': one of fp32, fp16, mixed"),
+        (["--precision", "mixed"], "--precision needs --gpu"),
+    ],
+)
+def test_clef_run_refuses_a_bad_precision_in_one_line_before_opening_the_release(tmp_path, args, fragment):
+    from tests.conftest import assert_one_line_error, clef
+
+    proc = clef(tmp_path, "run", "--text", "hello", "--release", str(tmp_path / "no-release"), *args)
+    assert_one_line_error(proc, fragment)
