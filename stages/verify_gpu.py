@@ -148,6 +148,7 @@ def main() -> None:
         fp16_max_rel=figures["fp16_max_rel_vs_f64"],
         fp16_floor=figures["floor_max_rel_vs_f64"],
         fp16_over_floor=figures["fp16_over_floor"],
+        fp16_over_floor_per_position=figures["modes"]["fp16"]["over_floor_per_position"],
         mixed_max_rel=figures["modes"]["mixed"]["max_rel_vs_f64"],
         mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
         mixed_over_floor_per_position=figures["modes"]["mixed"]["over_floor_per_position"],

@@ -555,7 +555,7 @@ def test_no_vulkan_adapter_is_one_line_and_writes_nothing(workdir, tmp_path):
     (workdir / "results" / "stack.json").write_text('{"fp32_bytes": 1000000}')  # sizes the GPU sections
     # the toy graph has no decoder layers to cut the first block at: the accelerator runs all of it
     params = workdir / "params.yaml"
-    params.write_text(params.read_text().replace("\n  layers: block\n", "\n  layers: all\n"))
+    params.write_text(params.read_text().replace("\n  layers: auto\n", "\n  layers: all\n"))
     assert "\n  layers: all\n" in params.read_text()
     proc = run_verify_gpu(
         workdir,

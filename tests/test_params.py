@@ -66,7 +66,7 @@ def test_each_bad_edit_refused_in_one_line(case):
             lambda p: p["verify_gpu"].update(fp16_max_over_floor=float("inf")),
             "fp16_max_over_floor inf is not a positive",
         ),
-        (lambda p: p["verify_gpu"].update(layers=4), "verify_gpu.layers 4 is not one of block, all"),
+        (lambda p: p["verify_gpu"].update(layers=4), "verify_gpu.layers 4 is not one of auto, block, all"),
         (
             lambda p: p["model"].update(source="synthetic", synthetic_layers=0),
             "model.synthetic_layers 0 is not an integer >= 1",

@@ -56,6 +56,25 @@ ROWS = {
         "fp16_max_rel": 0.032,
         "fp16_floor": 0.0083,
         "fp16_over_floor": 3.8,
+        "mixed_max_rel": 0.011,
+        "mixed_over_floor": 1.3,
+        "mixed_over_floor_per_position": 1.6,
+        "layers_checked": 4,
+        "layers": 8,
+    },
+    # written before verify_gpu ran mixed (and kept the layers it ran): still rendered, "-" there
+    "gpu_pair_P64_S64": {
+        "P": 64,
+        "S": 64,
+        "passed": True,
+        "fully_accelerated": True,
+        "max_rel": 4.1e-6,
+        "max_rel_per_position": 8.0e-6,
+        "threshold": 1e-4,
+        "threshold_per_position": 1e-4,
+        "fp16_max_rel": 0.012,
+        "fp16_floor": 0.0029,
+        "fp16_over_floor": 4.0,
     },
     "export_bench": {
         "L": 64,
@@ -86,6 +105,25 @@ def test_tables_carry_the_records_and_name_the_run(workspace):
     assert "| pair P=64 S=64: chaining vs row | **no** | 2.0e-04 | 3.0e-04 |" in text  # a failed check shows
     assert "| 64 | 7,626,840 | 1456 | 169 | 4 | 5.9 ms | 3.5x |" in text
     assert readme.render(text, workspace) == (text, [])  # rendering again changes nothing
+
+
+def test_gpu_table_has_each_mode_and_its_ratio_to_the_floor(workspace):
+    """fp32 vs torch, the floor, fp16 and mixed vs float64 and their ratios to the floor, global (per
+    position); a metrics row from before mixed existed renders with "-" in its columns."""
+    gpu = readme.gpu_table(readme.read_metrics(workspace))
+    header, _, *body = gpu.splitlines()
+    assert header == (
+        "| graph | layers run | fully accelerated | fp32 vs torch (worst position) | floor: torch float16 "
+        "| fp16 vs float64 | fp16 / floor | mixed vs float64 | mixed / floor (per position) |"
+    )
+    assert body == [
+        "| row L=64 | 4 of 8 | yes | 3.9e-06 (9.7e-06) | 8.3e-03 | 3.2e-02 | 3.8 | 1.1e-02 | 1.3 (1.6) |",
+        "| pair P=64 S=64 | - | yes | 4.1e-06 (8.0e-06) | 2.9e-03 | 1.2e-02 | 4.0 | - | - |",
+    ]
+    # fp16's ratio per position, where a row has it, is shown and named like mixed's
+    row = {**ROWS["gpu_row_L64"], "fp16_over_floor_per_position": 4.4, "mixed_over_floor": float("nan")}
+    gpu = readme.gpu_table({"gpu_row_L64": row})
+    assert "| fp16 / floor (per position) |" in gpu and "| 3.8 (4.4) | 1.1e-02 | nan (1.6) |" in gpu
 
 
 def test_a_changed_record_changes_the_table(workspace):
@@ -137,6 +175,15 @@ def bench(missing=(), anon=30.0) -> dict:
             "graph_bytes": 4e9,
             "tarball_bytes": 2e9,
             "ops_per_gdn_layer": {"64": 146, "256": 193},
+            "gpu": {  # scripts/bench/report.py gpu_figures: a record with modes, and one from before mixed
+                "gpu_pair_P64_S64": {
+                    "layers_checked": 4,
+                    "layers": 4,
+                    "fp16": {"over_floor": 9.5, "over_floor_per_position": 11.2},
+                    "mixed": {"over_floor": 1.3, "over_floor_per_position": 1.7},
+                },
+                "gpu_row_L64": {"layers_checked": 4, "layers": 4, "fp16": {"over_floor": 12.0}},
+            },
         },
         "clef_flash": {
             "blocks": 8,
@@ -173,6 +220,16 @@ def test_bench_tables_say_what_is_measured_and_what_did_not_finish(tmp_path):
     assert "2.5 h on 2 cores" in text and "146 at L=64, 193 at L=256" in text and "did not finish" not in text
     assert "of which 1.2 h `verify_gpu` on the software GPU (lavapipe) (0.9 h of it compiling" in text
     assert "; 1.6 h without that)" in text
+    # the GPU's half modes at real width, rows before pairs, "-" where a record has no mixed
+    assert "On the GPU accelerator at real width, ratio to the torch-float16 floor:" in text
+    assert "| graph | layers run | fp16 / floor (per position) | mixed / floor (per position) |" in text
+    assert "| row L=64 | 4 of 4 | 12.0 | - |\n| pair P=64 S=64 | 4 of 4 | 9.5 (11.2) | 1.3 (1.7) |" in text
+    # a bench.json made before it kept the GPU figures renders without them
+    old = bench()
+    del old["real_width"]["gpu"]
+    atomic.write_json(tmp_path / layout.BENCH, old)
+    text, _ = readme.render(doc, tmp_path)
+    assert "| `export@64` |" in text and "On the GPU accelerator" not in text
     # a bench made with no tiny run here (a fresh machine: make real-width before make release) has no
     # extrapolation to show: refused in one line, not rendered as zero hours
     unextrapolated = bench()

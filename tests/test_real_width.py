@@ -3,6 +3,8 @@ valid for every stage, and the clef-flash extrapolation scales what grows with t
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import yaml
 
@@ -160,3 +162,98 @@ def test_runtime_records_are_named_as_the_pipeline_names_the_stage(tmp_path):
     gpu.parent.mkdir(parents=True)
     gpu.write_text('{"accelerator_seconds": {"fp32": 0.25, "fp16": 0.5}}')
     assert report.stage_records(tmp_path)["verify_gpu_pair@256_64"]["accelerator_seconds"] == 0.75
+
+
+def test_gpu_figures_come_from_each_record_per_mode_and_the_worst_lets_nan_through(tmp_path):
+    """bench.json's real_width.gpu and gpu_worst: a record with `modes` gives every mode's figures; one
+    made before verify_gpu ran mixed gives fp32 and fp16 from its flat keys and no mixed. The worst
+    ratio to the floor over the graphs: NaN is never hidden by a larger figure."""
+    from scripts.checks import gpu_check
+    from scripts.pipeline import atomic
+
+    assert report.GPU_HALF_MODES == gpu_check.HALF_MODES
+
+    def half(max_rel, floor, over, per, within):
+        return {
+            "max_rel_vs_f64": max_rel,
+            "max_rel_per_position_vs_f64": 2 * max_rel,
+            "floor_max_rel_vs_f64": floor,
+            "floor_max_rel_per_position_vs_f64": 2 * floor,
+            "over_floor": over,
+            "over_floor_per_position": per,
+            "target_over_floor": 2.0,
+            "within_target": within,
+            "enforced": False,
+            "fully_accelerated": True,
+            "probe": {"max_rel": 1e-3},
+        }
+
+    fp32 = {"max_rel_vs_torch": 1e-6, "max_rel_per_position_vs_torch": 1e-5, "fully_accelerated": True, "rows": 2}
+    atomic.write_json(
+        tmp_path / layout.gpu_result_path(layout.gpu_name(64)),
+        {
+            "L": 64,
+            "layers_checked": 4,
+            "layers": 4,
+            "fp16_over_floor": 9.5,  # the flat keys are not read where `modes` is
+            "modes": {
+                "fp32": fp32,
+                "fp16": half(0.03, 0.003, 10.0, float("nan"), False),
+                "mixed": half(0.004, 0.003, 1.3, 1.7, True),
+            },
+        },
+    )
+    atomic.write_json(
+        tmp_path / layout.gpu_result_path(layout.gpu_name(prefix=64, suffix=64)),
+        {
+            "P": 64,
+            "S": 64,
+            "layers_checked": 4,
+            "layers": 4,
+            "fully_accelerated": False,
+            "fp32_max_rel_vs_torch": 2e-6,
+            "fp32_max_rel_per_position_vs_torch": 3e-6,
+            "fp16_max_rel_vs_f64": 0.05,
+            "fp16_max_rel_per_position_vs_f64": 0.06,
+            "floor_max_rel_vs_f64": 0.004,
+            "fp16_over_floor": 12.5,
+            "fp16_within_target": False,
+        },
+    )
+    out = report.gpu_figures(tmp_path)
+    gpu = out["gpu"]
+    assert sorted(gpu) == ["gpu_pair_P64_S64", "gpu_row_L64"]
+    row = gpu["gpu_row_L64"]
+    assert (row["layers_checked"], row["layers"]) == (4, 4)
+    assert row["fp32"] == {"fully_accelerated": True, "max_rel_vs_torch": 1e-6, "max_rel_per_position_vs_torch": 1e-5}
+    assert row["mixed"] == {
+        "fully_accelerated": True,
+        "max_rel_vs_f64": 0.004,
+        "max_rel_per_position_vs_f64": 0.008,
+        "floor_max_rel_vs_f64": 0.003,
+        "over_floor": 1.3,
+        "over_floor_per_position": 1.7,
+        "within_target": True,
+    }
+    assert row["fp16"]["over_floor"] == 10.0 and row["fp16"]["within_target"] is False
+    old = gpu["gpu_pair_P64_S64"]
+    assert sorted(old) == ["fp16", "fp32", "layers", "layers_checked"]  # no mixed before it ran
+    assert old["fp32"] == {"fully_accelerated": False, "max_rel_vs_torch": 2e-6, "max_rel_per_position_vs_torch": 3e-6}
+    assert old["fp16"] == {
+        "fully_accelerated": False,
+        "max_rel_vs_f64": 0.05,
+        "max_rel_per_position_vs_f64": 0.06,
+        "floor_max_rel_vs_f64": 0.004,
+        "over_floor": 12.5,
+        "over_floor_per_position": None,
+        "within_target": False,
+    }
+    worst = out["gpu_worst"]
+    assert worst["fp16"]["over_floor"] == 12.5  # the old record's, the larger
+    assert math.isnan(worst["fp16"]["over_floor_per_position"])  # NaN wins over every figure
+    assert worst["mixed"] == {"over_floor": 1.3, "over_floor_per_position": 1.7}  # the one graph that ran mixed
+    # a workspace whose verify_gpu has not run: no graphs, no worst
+    assert report.gpu_figures(tmp_path / "none") == {
+        "gpu": {},
+        "gpu_worst": {m: {"over_floor": None, "over_floor_per_position": None} for m in ("fp16", "mixed")},
+    }

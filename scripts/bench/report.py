@@ -4,6 +4,8 @@ row graph comes to this machine's fp32 matmul peak.
 - stages: wall time and peak RSS of every stage, read from results/runtime/ of the default (tiny)
   workspace and of the real-width one (make real-width).
 - latency: LiteRT interpreter vs torch eager per L, from each workspace's verify_tflite records.
+- gpu, gpu_worst: verify_gpu's figures per graph and mode (fp32, fp16, mixed), and each half mode's
+  worst ratio to the torch-float16 floor, from each workspace's results/gpu/ (see `gpu_figures`).
 - efficiency, measured here in one process, one after the other on an otherwise idle machine: the fp32
   matmul peak (torch.mm of two PEAK_N x PEAK_N matrices), then the real-width L=64 row graph in the
   interpreter; the graph's multiply-accumulate FLOPs are counted from the file. Target: >= 0.5 of peak.
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 
 from scripts.checkpoint import snapshot
-from scripts.checks import model_check, tflite_check
+from scripts.checks import compare, model_check, tflite_check
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError, run_stage
@@ -141,6 +143,64 @@ def latency(ws: Path) -> dict:
     return out
 
 
+GPU_HALF_MODES = ("fp16", "mixed")  # scripts/checks/gpu_check.HALF_MODES, held against float64 and the floor
+GPU_FP32_KEYS = ("max_rel_vs_torch", "max_rel_per_position_vs_torch")
+GPU_HALF_KEYS = (
+    "max_rel_vs_f64",
+    "max_rel_per_position_vs_f64",
+    "floor_max_rel_vs_f64",
+    "over_floor",
+    "over_floor_per_position",
+    "within_target",
+)
+
+
+def gpu_figures(ws: Path) -> dict:
+    """verify_gpu's records in `ws` (results/gpu/*.json) -> {"gpu": {record name: {layers_checked, layers,
+    and per mode: fully_accelerated, fp32's GPU_FP32_KEYS, each half mode's GPU_HALF_KEYS}}, "gpu_worst":
+    {half mode: the worst over_floor and over_floor_per_position over the graphs (NaN wins; None where no
+    graph has it)}}. A record without `modes` (made before verify_gpu ran mixed) gives fp32 and fp16 from
+    its flat keys (no per-position ratio, no mixed)."""
+    graphs = {}
+    folder = ws / layout.GPU
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        doc = json.loads(path.read_text())
+        modes = doc.get("modes")
+        if modes is None:
+            accelerated = doc.get("fully_accelerated")
+            modes = {
+                "fp32": {k: doc.get(f"fp32_{k}") for k in GPU_FP32_KEYS},
+                "fp16": {
+                    "max_rel_vs_f64": doc.get("fp16_max_rel_vs_f64"),
+                    "max_rel_per_position_vs_f64": doc.get("fp16_max_rel_per_position_vs_f64"),
+                    "floor_max_rel_vs_f64": doc.get("floor_max_rel_vs_f64"),
+                    "over_floor": doc.get("fp16_over_floor"),
+                    "within_target": doc.get("fp16_within_target"),
+                },
+            }
+            for figures in modes.values():
+                figures["fully_accelerated"] = accelerated
+        graphs[path.stem] = {
+            "layers_checked": doc.get("layers_checked"),
+            "layers": doc.get("layers"),
+            **{
+                mode: {
+                    "fully_accelerated": figures.get("fully_accelerated"),
+                    **{k: figures.get(k) for k in (GPU_HALF_KEYS if mode in GPU_HALF_MODES else GPU_FP32_KEYS)},
+                }
+                for mode, figures in modes.items()
+            },
+        }
+    worst = {
+        mode: {
+            k: compare.largest(g[mode][k] for g in graphs.values() if mode in g)
+            for k in ("over_floor", "over_floor_per_position")
+        }
+        for mode in GPU_HALF_MODES
+    }
+    return {"gpu": graphs, "gpu_worst": worst}
+
+
 def commit(ws: Path) -> str | None:
     import subprocess
 
@@ -181,6 +241,7 @@ def workspace(ws: Path) -> dict:
         "stack_rss_budget": s.get("rss_budget"),
         "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
         "ops_per_gdn_layer": ops_per_gdn_layer(ws),
+        **gpu_figures(ws),  # "gpu" and "gpu_worst": verify_gpu's figures per graph and mode
         # failed, or skipped after a failure (scripts/bench/real_width.py keeps only the run's records)
         "stages_not_finished": [n for n in pipeline_stages(ws) if n not in stages],
         "params": {

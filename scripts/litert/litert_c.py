@@ -93,9 +93,6 @@ SIGNATURES = {
     "LiteRtGetNumSignatureOutputs": [_handle, ctypes.POINTER(_size)],
     "LiteRtGetSignatureInputName": [_handle, _size, ctypes.POINTER(ctypes.c_char_p)],
     "LiteRtGetSignatureOutputName": [_handle, _size, ctypes.POINTER(ctypes.c_char_p)],
-    "LiteRtGetSignatureInputTensorByIndex": [_handle, _size, ctypes.POINTER(_handle)],
-    "LiteRtGetSignatureOutputTensorByIndex": [_handle, _size, ctypes.POINTER(_handle)],
-    "LiteRtGetRankedTensorType": [_handle, ctypes.POINTER(_RankedTensorType)],
     "LiteRtCreateOptions": [ctypes.POINTER(_handle)],
     "LiteRtDestroyOptions": [_handle],
     "LiteRtSetOptionsHardwareAccelerators": [_handle, ctypes.c_int],
@@ -213,7 +210,8 @@ class Signature:
     key: str
     inputs: list[str]
     outputs: list[str]
-    shapes: dict[str, list[int]]  # every input and output, by name
+    input_shapes: dict[str, list[int]]
+    output_shapes: dict[str, list[int]]  # a name may be an input and an output, of other shapes
 
 
 def _names(lib, sig, count_fn, name_fn) -> list[str]:
@@ -227,13 +225,43 @@ def _names(lib, sig, count_fn, name_fn) -> list[str]:
     return out
 
 
-def _shape(lib, sig, fn: str, i: int) -> tuple[list[int], _RankedTensorType]:
-    tensor = _handle()
-    check(getattr(lib, fn)(sig, i, ctypes.byref(tensor)), fn)
-    ranked = _RankedTensorType()
-    check(lib.LiteRtGetRankedTensorType(tensor, ctypes.byref(ranked)), "GetRankedTensorType")
-    rank = ranked.layout.rank_bits & 0x7F
-    return [int(d) for d in ranked.layout.dimensions[:rank]], ranked
+def signature_shapes(path) -> dict[str, dict[str, dict[str, list[int]]]]:
+    """{signature key: {"inputs" | "outputs": {name: shape}}} from the file's own signature defs. Not
+    from the C API: its look-ups by name resolve a name that is both an input and an output of a
+    signature (a pair's suffix takes and returns `attn3_k`) to the output, in the model and in the
+    compiled model alike."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from scripts.litert import tflite_file
+
+    model = schema.Model.GetRootAs(tflite_file.read_head(path), 0)
+    out = {}
+    for i in range(model.SignatureDefsLength()):
+        sig = model.SignatureDefs(i)
+        sub = model.Subgraphs(sig.SubgraphIndex())
+
+        def shapes(n, get, sub=sub):
+            return {
+                get(k).Name().decode(): [int(d) for d in sub.Tensors(get(k).TensorIndex()).ShapeAsNumpy()]
+                for k in range(n)
+            }
+
+        out[sig.SignatureKey().decode()] = {
+            "inputs": shapes(sig.InputsLength(), sig.Inputs),
+            "outputs": shapes(sig.OutputsLength(), sig.Outputs),
+        }
+    return out
+
+
+def ranked_type(shape: list[int]) -> _RankedTensorType:
+    """A float32 LiteRtRankedTensorType of `shape` (the runner feeds and reads float32)."""
+    if len(shape) > MAX_RANK:
+        raise ClefError(f"a tensor of rank {len(shape)}: LiteRT's layouts hold at most {MAX_RANK}")
+    layout = _Layout()
+    layout.rank_bits = len(shape)
+    for k, d in enumerate(shape):
+        layout.dimensions[k] = d
+    return _RankedTensorType(ELEMENT_FLOAT32, layout)
 
 
 class Buffer:
@@ -308,7 +336,7 @@ class CompiledGraph:
         self.signatures = self._signatures()
 
     def _signatures(self) -> dict[str, Signature]:
-        lib = library()
+        lib, from_file, self._types = library(), signature_shapes(self.path), {}
         n = _size()
         check(lib.LiteRtGetNumModelSignatures(self._model, ctypes.byref(n)), "GetNumModelSignatures")
         out = {}
@@ -319,14 +347,17 @@ class CompiledGraph:
             check(lib.LiteRtGetSignatureKey(sig, ctypes.byref(key)), "GetSignatureKey")
             inputs = _names(lib, sig, "LiteRtGetNumSignatureInputs", "LiteRtGetSignatureInputName")
             outputs = _names(lib, sig, "LiteRtGetNumSignatureOutputs", "LiteRtGetSignatureOutputName")
-            shapes, self._types = {}, getattr(self, "_types", {})
-            for fn, names in (
-                ("LiteRtGetSignatureInputTensorByIndex", inputs),
-                ("LiteRtGetSignatureOutputTensorByIndex", outputs),
-            ):
-                for i, name in enumerate(names):
-                    shapes[name], self._types[(index, name)] = _shape(lib, sig, fn, i)
-            out[key.value.decode()] = Signature(index, key.value.decode(), inputs, outputs, shapes)
+            found = from_file.get(key.value.decode())
+            if found is None or set(found["inputs"]) != set(inputs) or set(found["outputs"]) != set(outputs):
+                raise ClefError(
+                    f"{self.path}: signature {key.value.decode()!r} differs between the runtime and the file"
+                )
+            for group, names in (("inputs", inputs), ("outputs", outputs)):
+                for name in names:
+                    self._types[(index, group, name)] = ranked_type(found[group][name])
+            out[key.value.decode()] = Signature(
+                index, key.value.decode(), inputs, outputs, found["inputs"], found["outputs"]
+            )
         return out
 
     # The interface of ai_edge_litert's CompiledModel that gpu_accelerator.signature_runner uses, so
@@ -343,7 +374,7 @@ class CompiledGraph:
 
     def get_output_tensor_details(self, key: str) -> dict:
         sig = self.signatures[key]
-        return {n: {"shape": sig.shapes[n]} for n in sig.outputs}
+        return {n: {"shape": sig.output_shapes[n]} for n in sig.outputs}
 
     def is_fully_accelerated(self) -> bool:
         flag = ctypes.c_bool()
@@ -364,7 +395,7 @@ class CompiledGraph:
             req = _handle()
             check(getattr(lib, fn)(self._compiled, index, i, ctypes.byref(req)), fn)
             buf = _handle()
-            ranked = self._types[(index, name)]
+            ranked = self._types[(index, "outputs" if outputs else "inputs", name)]
             check(
                 lib.LiteRtCreateManagedTensorBufferFromRequirements(
                     self._env, ctypes.byref(ranked), req, ctypes.byref(buf)

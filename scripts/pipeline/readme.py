@@ -141,18 +141,37 @@ def pairs_table(rows: dict) -> str:
     return table(["pair", "bytes", "vs row (worst position)", "prefix state vs float64 cache", "ops"], body)
 
 
+def figure(value, fmt=e) -> str:
+    """A figure, or "-" where the record has none (made before it was kept)."""
+    return "-" if value is None else fmt(value)
+
+
+def over_floor(value, per_position=None) -> str:
+    """A ratio to the torch-float16 floor, global (per position); "-" where there is none."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" + ("" if per_position is None else f" ({per_position:.1f})")
+
+
 def gpu_table(rows: dict) -> str:
+    """Per graph: fp32 against the graph in torch; the floor (stock transformers in torch float16) and the
+    half modes (fp16, and mixed: fp16 storage, fp32 accumulation) against stock float64, with their ratios
+    to the floor. A row written before verify_gpu ran mixed has "-" there."""
+    gpu = by_shape(rows, "gpu_")
+    fp16_per_position = any("fp16_over_floor_per_position" in r for _, r in gpu)
     body = [
         [
             label(n, r),
-            f"{r['layers_checked']} of {r['layers']}" if "layers_checked" in r else "",
+            f"{r['layers_checked']} of {r['layers']}" if "layers_checked" in r else "-",
             "yes" if r.get("fully_accelerated") else "**no**",
-            f"{e(r['max_rel'])} ({e(r['max_rel_per_position'])})",
-            f"{r['fp16_max_rel']:.3f}",
-            f"{r['fp16_floor']:.4f}",
-            f"{r['fp16_over_floor']:.1f}",
+            f"{e(r.get('max_rel'))} ({e(r.get('max_rel_per_position'))})",
+            figure(r.get("fp16_floor")),
+            figure(r.get("fp16_max_rel")),
+            over_floor(r.get("fp16_over_floor"), r.get("fp16_over_floor_per_position")),
+            figure(r.get("mixed_max_rel")),
+            over_floor(r.get("mixed_over_floor"), r.get("mixed_over_floor_per_position")),
         ]
-        for n, r in by_shape(rows, "gpu_")
+        for n, r in gpu
     ]
     return table(
         [
@@ -160,9 +179,11 @@ def gpu_table(rows: dict) -> str:
             "layers run",
             "fully accelerated",
             "fp32 vs torch (worst position)",
-            "fp16 vs float64",
             "floor: torch float16",
-            "fp16 / floor",
+            "fp16 vs float64",
+            "fp16 / floor" + (" (per position)" if fp16_per_position else ""),
+            "mixed vs float64",
+            "mixed / floor (per position)",
         ],
         body,
     )
@@ -211,7 +232,7 @@ def real_width_table(bench: dict) -> str:
         )
     for n in bench["real_width"].get("stages_not_finished", []):
         body.append([f"`{n}`", "", "**did not finish** (failed, or skipped after a failure)", ""])
-    return table(
+    stages = table(
         [
             "stage",
             "tiny: time, peak anon",
@@ -220,6 +241,39 @@ def real_width_table(bench: dict) -> str:
         ],
         body,
     )
+    gpu = real_width_gpu_table(bench["real_width"].get("gpu") or {})
+    return stages + (
+        f"\nOn the GPU accelerator at real width, ratio to the torch-float16 floor:\n\n{gpu}" if gpu else ""
+    )
+
+
+def gpu_shape(name: str) -> dict:
+    """A GPU record's name -> its shape: "gpu_row_L64" -> {"L": 64}, "gpu_pair_P64_S64" -> {"P": 64, "S": 64}."""
+    found = re.fullmatch(r"gpu_row_L(\d+)|gpu_pair_P(\d+)_S(\d+)", name)
+    if not found:
+        return {}
+    L, P, S = found.groups()
+    return {"L": int(L)} if L else {"P": int(P), "S": int(S)}
+
+
+def real_width_gpu_table(gpu: dict) -> str:
+    """bench.json's real_width.gpu (scripts/bench/report.py gpu_figures): per graph, fp16's and mixed's
+    ratio to the floor, global (per position); "" for a bench made before it was kept."""
+    if not gpu:
+        return ""
+    shaped = {n: {**g, **gpu_shape(n)} for n, g in gpu.items()}
+    body = [
+        [
+            label(n, g),
+            f"{g['layers_checked']} of {g['layers']}" if g.get("layers_checked") else "-",
+            *(
+                over_floor((g.get(mode) or {}).get("over_floor"), (g.get(mode) or {}).get("over_floor_per_position"))
+                for mode in ("fp16", "mixed")
+            ),
+        ]
+        for n, g in by_shape(shaped, "gpu_")
+    ]
+    return table(["graph", "layers run", "fp16 / floor (per position)", "mixed / floor (per position)"], body)
 
 
 def real_run_table(bench: dict) -> str:
