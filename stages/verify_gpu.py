@@ -7,8 +7,8 @@ minutes for a run), over the layers verify_gpu.layers names (the first block: it
 residual stream against the first block in torch) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
 graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
-output, an fp32 error over the bound, or mixed over fp16_max_over_floor x the torch-float16 floor
-(global or per position). No Vulkan adapter, or a mode the runtime does not honour: one line."""
+output, an fp32 error over the bound, or a mode of verify_gpu.held_to_floor over fp16_max_over_floor x
+the torch-float16 floor (global or per position). No Vulkan adapter, or a mode the runtime does not honour: one line."""
 
 import argparse
 import contextlib
@@ -168,7 +168,7 @@ def main() -> None:
             f"floor ({figures['modes'][m]['over_floor_per_position']:.2f}x per position)"
             for m in gpu_check.HALF_MODES
         )
-        + f" (mixed held to {over_floor:g}x)"
+        + f" (target {over_floor:g}x; held to it: {', '.join(bounds['held_to_floor']) or 'none'})"
     )
     if problems:
         raise ClefError(f"verify_gpu {path}: {problems[0]} ({len(problems)} problems)")

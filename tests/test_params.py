@@ -67,6 +67,8 @@ def test_each_bad_edit_refused_in_one_line(case):
             "fp16_max_over_floor inf is not a positive",
         ),
         (lambda p: p["verify_gpu"].update(layers=4), "verify_gpu.layers 4 is not one of auto, block, all"),
+        (lambda p: p["verify_gpu"].update(held_to_floor=["fp8"]), "verify_gpu.held_to_floor entry 'fp8' is not one"),
+        (lambda p: p["verify_gpu"].update(held_to_floor="mixed"), "verify_gpu.held_to_floor 'mixed' is not a list"),
         (
             lambda p: p["model"].update(source="synthetic", synthetic_layers=0),
             "model.synthetic_layers 0 is not an integer >= 1",

@@ -220,7 +220,7 @@ def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built)
         g = art["gpu"]
         assert g["fully_accelerated"] and g["all_finite"] and g["device"]["adapter"], path
         assert g["fp32_max_rel_vs_torch"] <= g["threshold_fp32"] and g["floor_max_rel_vs_f64"] > 0, path
-        assert g["modes"]["mixed"]["within_target"] and g["modes"]["mixed"]["fully_accelerated"], path
+        assert g["modes"]["mixed"]["probe"]["arithmetic"] == "mixed" and g["modes"]["mixed"]["fully_accelerated"], path
     card = (built / "README.md").read_text()
     assert "kLiteRtDelegatePrecisionFp16WithFp32Accum" in card and "mixed vs float64" in card
     proc = clef(built.parent, "verify", "--gpu", str(built))

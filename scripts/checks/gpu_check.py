@@ -7,8 +7,8 @@ accumulation), each mode first shown by its effect on the precision probe, on ho
 - fp16 and mixed (the half modes): every output finite (a failure otherwise), and the hidden states
   against stock transformers in float64, beside the half-precision floor: stock transformers run in
   torch float16 on the same tokens against the same float64. Each row's ratio to the floor, global
-  and per position, is held to verify_gpu.fp16_max_over_floor in `mixed` (a failure otherwise) and
-  recorded against it in `fp16` (the mode of a device whose runtime lacks the mixed one).
+  and per position, is held to verify_gpu.fp16_max_over_floor in the modes verify_gpu.held_to_floor
+  names (a failure otherwise) and recorded against it in the others.
 - pairs also chain on the GPU: suffix(prefix(x[:p]), x[p:p+s]) for p = P/2, s in {1, S},
   in both modes, against the row graph in torch (fp32) and stock float64 (fp16); the prefix runs
   once for both its suffixes and is also the prefix signature's check.
@@ -37,8 +37,7 @@ from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
 
 MODES = gpu_accelerator.MODES
-HALF_MODES = ("fp16", "mixed")  # held against stock float64 and the torch float16 floor
-ENFORCED = "mixed"  # the half mode whose ratio to the floor fails the stage
+HALF_MODES = params.GPU_HALF_MODES  # held against stock float64 and the torch float16 floor
 # What the accelerator runs, a subset of the CPU checks' records: on a machine without a GPU its runs
 # are the slowest part of the pipeline, each costs about what a record costs at that length. One record
 # with real tokens and padding both: rows the right-padded record (2/3 real); pairs one prefix of P/2
@@ -118,10 +117,12 @@ def finite(outputs: dict) -> bool:
 LIMITS = ("max_rel_fp32", "max_rel_per_position_fp32", "fp16_max_over_floor")
 
 
-def limits(section) -> dict[str, float]:
+def limits(section) -> dict:
     """params.yaml `verify_gpu` -> {max_rel_fp32, max_rel_per_position_fp32, fp16_max_over_floor}, each a
-    positive number."""
-    return params.positive_numbers(section, LIMITS, "verify_gpu")
+    positive number, and held_to_floor: the half modes whose ratio to the floor fails the stage."""
+    bounds = params.positive_numbers(section, LIMITS, "verify_gpu")
+    held = section.get("held_to_floor", []) if isinstance(section, dict) else []
+    return {**bounds, "held_to_floor": list(params.subset_of(*HALF_MODES)(held, "verify_gpu.held_to_floor"))}
 
 
 def section_bytes(section, fp32_stack_bytes: int, tokens: int) -> int:
@@ -336,7 +337,7 @@ class ModeFigures:
     enforced: bool = False
 
 
-def mode_figures(rows: list[dict], mode: str, over_floor: float) -> ModeFigures:
+def mode_figures(rows: list[dict], mode: str, over_floor: float, held: list[str]) -> ModeFigures:
     mine = [r for r in rows if r["mode"] == mode]
     figs = ModeFigures(
         mode,
@@ -356,25 +357,25 @@ def mode_figures(rows: list[dict], mode: str, over_floor: float) -> ModeFigures:
         figs.within_target = not (
             compare.exceeds(figs.over_floor, over_floor) or compare.exceeds(figs.over_floor_per_position, over_floor)
         )
-        figs.enforced = mode == ENFORCED
+        figs.enforced = mode in held
     return figs
 
 
 def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
     """Headline figures and the problems, one line each: not finite, fp32 over a bound (global or per
-    position), the enforced half mode (`mixed`) over fp16_max_over_floor x the floor (global or per
-    position). fp16's ratio is recorded against the same target, not enforced. `modes` holds every
-    mode's ModeFigures; the flat keys are fp32's and fp16's, as earlier records have them."""
-    over_floor = bounds["fp16_max_over_floor"]
+    position), a half mode of bounds["held_to_floor"] over fp16_max_over_floor x the floor (global or
+    per position). The other half modes' ratios are recorded against the same target. `modes` holds
+    every mode's ModeFigures; the flat keys are fp32's and fp16's, as earlier records have them."""
+    over_floor, held = bounds["fp16_max_over_floor"], bounds.get("held_to_floor", [])
     fp32 = [r for r in rows if r["mode"] == "fp32"]
-    problems = compare.judge([r for r in rows if r["mode"] not in ("fp32", ENFORCED)], {})
+    problems = compare.judge([r for r in rows if r["mode"] != "fp32" and r["mode"] not in held], {})
     problems += compare.judge(
         fp32, {"rel_vs_torch": bounds["max_rel_fp32"], "rel_per_position_vs_torch": bounds["max_rel_per_position_fp32"]}
     )
     problems += compare.judge(
-        [r for r in rows if r["mode"] == ENFORCED], {"over_floor": over_floor, "over_floor_per_position": over_floor}
+        [r for r in rows if r["mode"] in held], {"over_floor": over_floor, "over_floor_per_position": over_floor}
     )
-    modes = {m: mode_figures(rows, m, over_floor) for m in dict.fromkeys(r["mode"] for r in rows)}
+    modes = {m: mode_figures(rows, m, over_floor, held) for m in dict.fromkeys(r["mode"] for r in rows)}
     fp16 = modes.get("fp16")
     doc = {
         "fp32_max_rel_vs_torch": compare.worst(fp32, "rel_vs_torch"),

@@ -22,6 +22,7 @@ from scripts.pipeline.errors import ClefError
 
 SOURCES = ("tiny", "synthetic", "hub")
 GPU_DEPTHS = ("auto", "block", "all")
+GPU_HALF_MODES = ("fp16", "mixed")  # the GPU modes held against float64 and the torch float16 floor
 
 
 def gpu_depth(layers: str, source: str) -> str:
@@ -76,6 +77,19 @@ def one_of(*choices: str):
     def check(value, name: str) -> str:
         if value not in choices:
             raise ClefError(f"params.yaml: {name} {value!r} is not one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def subset_of(*choices: str):
+    """A list of distinct values, each one of `choices` (possibly empty)."""
+
+    def check(value, name: str) -> list:
+        if not isinstance(value, list) or len(set(map(str, value))) != len(value):
+            raise ClefError(f"params.yaml: {name} {value!r} is not a list of distinct values of {', '.join(choices)}")
+        for v in value:
+            one_of(*choices)(v, f"{name} entry")
         return value
 
     return check
@@ -245,6 +259,7 @@ SCHEMA = {
             "section_fraction": positive_number,
             "section_work": positive_number,
             "layers": one_of(*GPU_DEPTHS),
+            "held_to_floor": subset_of(*GPU_HALF_MODES),
         }
     ),
     "release": mapping(
