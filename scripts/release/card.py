@@ -42,8 +42,9 @@ def gpu_precision_advice(gpus: list[dict]) -> list[str]:
         out.append(f"- {mode}: `{PRECISION_NAMES[mode]}` ({value}): {figure}.")
     out += [
         "",
-        "mixed (fp16 storage, fp32 accumulation in FULLY_CONNECTED and BATCH_MATMUL) is held within the target "
-        "by the release's checks; fp16 accumulates every dot product in fp16 and drifts with the width; a "
+        "mixed (fp16 storage, fp32 accumulation in FULLY_CONNECTED and BATCH_MATMUL) removes fp16's accumulation "
+        "loss, which grows with the width; each mode's ratio to the floor is the one recorded above, and the table "
+        "says which modes the release's checks held to the target; a "
         "runtime older than LiteRT 2.2 lacks mixed, and one that cannot parse the option runs fp16 silently, so "
         "check a mode by its effect (`clef run --gpu --precision mixed` runs a probe graph first).",
     ]
