@@ -146,15 +146,10 @@ def main() -> None:
         max_rel_per_position=figures["fp32_max_rel_per_position_vs_torch"],
         threshold_per_position=bounds["max_rel_per_position_fp32"],
         fp16_max_rel=figures["fp16_max_rel_vs_f64"],
-        fp16_floor=figures["floor_max_rel_vs_f64"],
         fp16_over_floor=figures["fp16_over_floor"],
-        fp16_over_floor_per_position=figures["modes"]["fp16"]["over_floor_per_position"],
-        mixed_max_rel=figures["modes"]["mixed"]["max_rel_vs_f64"],
         mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
-        mixed_over_floor_per_position=figures["modes"]["mixed"]["over_floor_per_position"],
         fully_accelerated=accelerated,
         layers_checked=doc["layers_checked"],
-        layers=doc["layers"],
         **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
     )
     print(

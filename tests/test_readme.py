@@ -54,13 +54,9 @@ ROWS = {
         "threshold": 1e-4,
         "threshold_per_position": 1e-4,
         "fp16_max_rel": 0.032,
-        "fp16_floor": 0.0083,
         "fp16_over_floor": 3.8,
-        "mixed_max_rel": 0.011,
         "mixed_over_floor": 1.3,
-        "mixed_over_floor_per_position": 1.6,
         "layers_checked": 4,
-        "layers": 8,
     },
     # written before verify_gpu ran mixed (and kept the layers it ran): still rendered, "-" there
     "gpu_pair_P64_S64": {
@@ -84,6 +80,16 @@ ROWS = {
         "litert_time_stock_over_form": 2.4,
     },
 }
+# verify_gpu's record of gpu_row_L64 (results/gpu/): the floor, each mode's figures, the stack's layers
+GPU_RECORDS = {
+    "gpu_row_L64": {
+        "layers": 8,
+        "modes": {
+            "fp16": {"floor_max_rel_vs_f64": 0.0083, "over_floor": 3.8},
+            "mixed": {"max_rel_vs_f64": 0.011, "over_floor": 1.3, "over_floor_per_position": 1.6},
+        },
+    }
+}
 README = "intro\n" + "".join(f"<!-- generated: {n} -->\nold\n<!-- end generated: {n} -->\n" for n in readme.TABLES)
 
 
@@ -91,6 +97,8 @@ README = "intro\n" + "".join(f"<!-- generated: {n} -->\nold\n<!-- end generated:
 def workspace(tmp_path):
     for name, row in ROWS.items():
         atomic.write_json(tmp_path / layout.metrics_path(name), row)
+    for name, record in GPU_RECORDS.items():
+        atomic.write_json(tmp_path / layout.gpu_result_path(name), record)
     atomic.write_json(
         tmp_path / layout.RELEASE / "manifest.json", {"git": {"commit": "abcdef0123456789", "clean": True}}
     )
@@ -121,7 +129,15 @@ def test_gpu_table_has_each_mode_and_its_ratio_to_the_floor(workspace):
         "| pair P=64 S=64 | - | yes | 4.1e-06 (8.0e-06) | 2.9e-03 | 1.2e-02 | 4.0 | - | - |",
     ]
     # fp16's ratio per position, where a row has it, is shown and named like mixed's
-    row = {**ROWS["gpu_row_L64"], "fp16_over_floor_per_position": 4.4, "mixed_over_floor": float("nan")}
+    modes = GPU_RECORDS["gpu_row_L64"]["modes"]
+    row = {
+        **ROWS["gpu_row_L64"],
+        **GPU_RECORDS["gpu_row_L64"],
+        "modes": {
+            "fp16": {**modes["fp16"], "over_floor_per_position": 4.4},
+            "mixed": {**modes["mixed"], "over_floor": float("nan")},
+        },
+    }
     gpu = readme.gpu_table({"gpu_row_L64": row})
     assert "| fp16 / floor (per position) |" in gpu and "| 3.8 (4.4) | 1.1e-02 | nan (1.6) |" in gpu
 

@@ -22,15 +22,12 @@ KEYS = {
     "fp16_finite": "the configured form finite in fp16 in every regime",
     "fp16_max_rel": "the check's half-precision run vs float64 (kernel: torch float16; gpu: the accelerator's "
     "fp16 mode)",
-    "fp16_floor": "stock transformers in torch float16 vs float64 on the same records: the half-precision floor",
-    "fp16_over_floor": "fp16_max_rel / fp16_floor, worst record (target: params.yaml verify_gpu.fp16_max_over_floor)",
-    "fp16_over_floor_per_position": "the same ratio of the worst positions' figures, worst record",
-    "mixed_max_rel": "the GPU accelerator's mixed mode (fp16 storage, fp32 accumulation) vs float64",
-    "mixed_over_floor": "mixed_max_rel / fp16_floor, worst record (held to params.yaml verify_gpu.fp16_max_over_floor)",
-    "mixed_over_floor_per_position": "the same ratio of the worst positions' figures, worst record (held alike)",
+    "fp16_over_floor": "fp16_max_rel / the floor (stock transformers in torch float16 vs float64 on the same "
+    "records), worst record (target: params.yaml verify_gpu.fp16_max_over_floor); per position and the "
+    "floor itself: the check's record under results/gpu/",
+    "mixed_over_floor": "the same ratio for the accelerator's mixed mode (fp16 storage, fp32 accumulation)",
     "fully_accelerated": "every op of every signature the GPU accelerator ran (compiled without CPU fallback)",
     "layers_checked": "the decoder layers the GPU accelerator ran (params.yaml verify_gpu.layers)",
-    "layers": "the decoder layers of the stack",
     "L": "row graph length",
     "P": "pair prefix length",
     "S": "pair suffix length",

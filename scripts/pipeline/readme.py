@@ -32,11 +32,18 @@ def x(ratio) -> str:
 
 
 def read_metrics(root: Path) -> dict[str, dict]:
-    """{check name: its metrics row} from results/metrics/, or one line saying the pipeline has not run."""
+    """{check name: its metrics row} from results/metrics/, or one line saying the pipeline has not run.
+    A GPU check's row gains its record's `modes` and `layers` (results/gpu/): the metrics row keeps the
+    headline ratios only, so that `dvc metrics show` stays one readable table."""
     folder = root / layout.METRICS
     rows = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     if not rows:
         raise ClefError(f"no metrics under {folder}: run `dvc repro` first")
+    for name, row in rows.items():
+        record = root / layout.gpu_result_path(name)
+        if name.startswith("gpu_") and record.is_file():
+            found = json.loads(record.read_text())
+            rows[name] = {**row, "modes": found.get("modes") or {}, "layers": found.get("layers")}
     return rows
 
 
@@ -156,20 +163,25 @@ def over_floor(value, per_position=None) -> str:
 def gpu_table(rows: dict) -> str:
     """Per graph: fp32 against the graph in torch; the floor (stock transformers in torch float16) and the
     half modes (fp16, and mixed: fp16 storage, fp32 accumulation) against stock float64, with their ratios
-    to the floor. A row written before verify_gpu ran mixed has "-" there."""
+    to the floor, from the check's record (read_metrics). A check recorded before verify_gpu ran mixed
+    has "-" there."""
     gpu = by_shape(rows, "gpu_")
-    fp16_per_position = any("fp16_over_floor_per_position" in r for _, r in gpu)
+
+    def mode(r: dict, name: str) -> dict:
+        return (r.get("modes") or {}).get(name) or {}
+
+    fp16_per_position = any("over_floor_per_position" in mode(r, "fp16") for _, r in gpu)
     body = [
         [
             label(n, r),
-            f"{r['layers_checked']} of {r['layers']}" if "layers_checked" in r else "-",
+            f"{r['layers_checked']} of {r['layers']}" if r.get("layers_checked") and r.get("layers") else "-",
             "yes" if r.get("fully_accelerated") else "**no**",
             f"{e(r.get('max_rel'))} ({e(r.get('max_rel_per_position'))})",
-            figure(r.get("fp16_floor")),
+            figure(mode(r, "fp16").get("floor_max_rel_vs_f64", r.get("fp16_floor"))),
             figure(r.get("fp16_max_rel")),
-            over_floor(r.get("fp16_over_floor"), r.get("fp16_over_floor_per_position")),
-            figure(r.get("mixed_max_rel")),
-            over_floor(r.get("mixed_over_floor"), r.get("mixed_over_floor_per_position")),
+            over_floor(r.get("fp16_over_floor"), mode(r, "fp16").get("over_floor_per_position")),
+            figure(mode(r, "mixed").get("max_rel_vs_f64")),
+            over_floor(mode(r, "mixed").get("over_floor"), mode(r, "mixed").get("over_floor_per_position")),
         ]
         for n, r in gpu
     ]
