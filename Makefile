@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts
+.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed
 
 env: $(STAMP) vulkan
 
@@ -67,3 +67,8 @@ gpu-bench: env
 # graphs, and the split-K / series-log1p candidates measured (after make release). A benchmark.
 gpu-parts: env
 	python -m scripts.bench.gpu_parts
+
+# results/gpu_mixed.json: the GPU accelerator's mixed mode against the torch-float16 floor over perturbed
+# copies of verify_gpu's records, and the first decoder layer traced part by part (after make release).
+gpu-mixed: env
+	python -m scripts.bench.gpu_mixed

@@ -11,6 +11,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
 from scripts.litert import cpu_graph, export, sections, tflite_file
+from scripts.pipeline.errors import ClefError
 
 WIDTH = 32
 WEIGHT = WIDTH * WIDTH * 4
@@ -112,6 +113,28 @@ def test_a_graph_within_the_limit_is_one_section_the_file_itself(chain):
         graph.close()
     want = whole_graph(path, feeds)
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_sections_cut_where_asked_compute_the_whole_graph_and_refuse_a_cut_through_the_bool_mask(chain):
+    """cuts= (the trace of scripts/bench/gpu_mixed.py): sections at the given op indices compute what the
+    whole graph computes; a cut while the bool mask is live is one ClefError naming the tensor."""
+    path, feeds = chain
+    head = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
+    ops = head.subgraphs[0].operators
+    selects = [i for i, op in enumerate(ops) if tflite_file.op_name(head, op) == "SELECT_V2"]
+    cuts = [0, selects[-1] + 1, selects[-1] + 3, len(ops)]
+    graph = sections.SectionedGraph(path, max_bytes=1, cuts={export.DEFAULT_SIGNATURE: cuts})
+    try:
+        assert [(s.ops.start, s.ops.stop) for s in graph.sections(export.DEFAULT_SIGNATURE)] == list(
+            zip(cuts, cuts[1:], strict=False)
+        )
+        got = graph.run(Cpu, export.DEFAULT_SIGNATURE, [feeds])[0]
+    finally:
+        graph.close()
+    want = whole_graph(path, feeds)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    with pytest.raises(ClefError, match=r"a cut at op \d+ or \d+ carries .*, not float32"):
+        sections.SectionedGraph(path, max_bytes=1, cuts={export.DEFAULT_SIGNATURE: [0, selects[0], len(ops)]})
 
 
 def fake_model(ops: list[tuple[list[int], list[int]]], constants: dict[int, int], n_tensors: int):

@@ -106,10 +106,6 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int, stop
             mark("unfit", produced.get(t, -1) + 1, last)
     crossing, unfit = (list(itertools.accumulate(steps[k][: n + 1])) for k in ("all", "unfit"))
 
-    def section_bytes(start: int, end: int) -> int:
-        seen = {t for op in ops[start:end] for t in _reads(op) if tensor_bytes[t]}
-        return sum(tensor_bytes[t] for t in seen)
-
     cuts, start = [0], 0
     while start < n:
         end, seen, size = start, set(), 0
@@ -127,13 +123,33 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int, stop
                 end += 1
         cuts.append(end)
         start = end
+    return sections_at(model, sg_index, outputs, cuts)
+
+
+def sections_at(model, sg_index: int, outputs: list[int], cuts: list[int]) -> list[Section]:
+    """The sections of subgraph `sg_index` between consecutive `cuts` (op indices, from 0 to the last op
+    run), each with the tensors that cross its edges; `outputs` leave the last one. A cut that would
+    carry a tensor that is not float32 is a ClefError naming it (the runner feeds and reads float32)."""
+    sg = model.subgraphs[sg_index]
+    const = _constants(model)
+    tensor_bytes = {t: const.get(tensor.buffer, 0) for t, tensor in enumerate(sg.tensors)}
+    ops = sg.operators[: cuts[-1]]
+    last_read = {t: i for i, op in enumerate(ops) for t in _reads(op)}
+    last_read.update({t: len(ops) for t in outputs})
     sections = []
     for a, b in zip(cuts, cuts[1:], strict=False):
         inside = {t for op in ops[a:b] for t in _writes(op)}
         reads = [t for op in ops[a:b] for t in _reads(op)]
         ins = list(dict.fromkeys(t for t in reads if not tensor_bytes[t] and t not in inside))
         outs = sorted(t for t in inside if last_read.get(t, -1) >= b)
-        sections.append(Section(range(a, b), ins, outs, section_bytes(a, b)))
+        crossing = (ins if a else []) + (outs if b < cuts[-1] else [])
+        unfit = [t for t in crossing if sg.tensors[t].type != schema.TensorType.FLOAT32]
+        if unfit:
+            raise ClefError(
+                f"a cut at op {a} or {b} carries {tflite_file.text(sg.tensors[unfit[0]].name)}, not float32"
+            )
+        size = sum(tensor_bytes[t] for t in {t for t in reads if tensor_bytes[t]})
+        sections.append(Section(range(a, b), ins, outs, size))
     return sections
 
 
@@ -270,14 +286,25 @@ def _copy(model, sub, tensor: int) -> int:
 class SectionedGraph:
     """Graph `path` cut into sections of at most `max_bytes` of constants each (in a temporary
     directory, removed by close()); one section, when the whole graph is within the limit, is the
-    graph file itself. layers: only the first `layers` decoder layers (see `plan`)."""
+    graph file itself. layers: only the first `layers` decoder layers (see `plan`). cuts: {signature:
+    op indices} where those signatures are cut instead (sections_at; a trace of where a mode loses)."""
 
-    def __init__(self, path, max_bytes: int, layers: int | None = None, hidden_size: int | None = None):
+    def __init__(
+        self,
+        path,
+        max_bytes: int,
+        layers: int | None = None,
+        hidden_size: int | None = None,
+        cuts: dict[str, list[int]] | None = None,
+    ):
         self.path, self.max_bytes = Path(path), max_bytes
         self._dir = tempfile.TemporaryDirectory(prefix="clef-sections-")
         head = tflite_file.read_head(self.path)
         self.plans = {p.name: p for p in plan(head, max_bytes, layers, hidden_size)}
         model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
+        for name, at in (cuts or {}).items():
+            p = self.plans[name]
+            p.sections = sections_at(model, p.subgraph, list(p.outputs.values()), at)
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             for p in self.plans.values():
                 if len(p.sections) == 1 and p.cut is None:

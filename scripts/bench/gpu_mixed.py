@@ -1,0 +1,221 @@
+"""Where the GPU accelerator's mixed mode (fp16 storage, fp32 accumulation) stands against the torch-float16
+floor, and where it loses: one run on this machine -> results/gpu_mixed.json.
+
+1. spread: the GPU check's row records at L=64 (tflite_check.row_records: full and padded), each again with
+   its embeddings moved by less than one fp16 step (relative noise in [-2^-11, 2^-11], seeds 1..PERTURBED):
+   the floor (stock transformers in torch float16), fp16 and mixed against stock float64, global and worst
+   position, and each mode's ratio to the floor of the same inputs. The floor is itself one draw: inputs
+   that torch float16 cannot tell apart move it by the factor this records.
+2. trace: the first decoder layer cut into its parts (runs of consecutive ops of one module, from the
+   converted graph's tensor names: scripts/litert/sections.py sections_at); each part alone runs in mixed
+   inside an otherwise fp32 run of the whole graph on the accelerator, against the same part in fp32 with
+   its outputs rounded to fp16 once (what torch float16 stores between ops): the final hidden state's
+   error against float64, median over the record and its perturbations. A part far above its single
+   rounding is where mixed loses more than storage in fp16 must.
+
+    cd /work/main && .venv/bin/python -m scripts.bench.gpu_mixed    # after make release
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from ai_edge_litert.tools import flatbuffer_utils
+
+from scripts.checkpoint import snapshot
+from scripts.checks import compare, gpu_check, tflite_check
+from scripts.layers import kernel_form
+from scripts.litert import gpu_accelerator, sections, tflite_file
+from scripts.pipeline import atomic, layout, params
+from scripts.pipeline.errors import ClefError, run_command
+from scripts.qwen35 import patch
+from scripts.qwen35.host import Host
+
+L = 64
+PERTURBED = 5  # perturbed copies of each record
+TRACE_RECORD = "padded"
+OUT = Path("results/gpu_mixed.json")
+SIGNATURE = "serving_default"
+
+
+def sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def perturbed(embeds: torch.Tensor, seed: int) -> torch.Tensor:
+    """embeds moved by a relative amount in [-2^-11, 2^-11] per element (seed 0: unmoved)."""
+    if not seed:
+        return embeds
+    gen = torch.Generator().manual_seed(seed)
+    return embeds * (1 + (torch.rand(embeds.shape, generator=gen) * 2 - 1) * 2.0**-11)
+
+
+def errors(h: torch.Tensor, exact: torch.Tensor) -> dict:
+    return {"global": compare.rel(h, exact), "worst_position": max(compare.rel_per_position(h, exact))}
+
+
+def parts(path: Path, layer: int = 0) -> list[tuple[str, range]]:
+    """[(part, ops)] of decoder layer `layer`: runs of consecutive ops whose first output is named after
+    the same module path (the converter names tensors after the module that computed them)."""
+    sg = graph_object(path).subgraphs[0]
+    runs: list[tuple[str, list[int]]] = []
+    for i, op in enumerate(sg.operators):
+        name = tflite_file.text(sg.tensors[op.outputs[0]].name).split(";")[0]
+        found = re.search(r"DecoderLayer_(\d+)(/.*)?$", name)
+        if not found or int(found.group(1)) != layer:
+            if runs and found and int(found.group(1)) > layer:
+                break
+            continue
+        tag = "/".join(c.rsplit(".", 1)[-1] for c in (found.group(2) or "/residual add").strip("/").split("/"))
+        if runs and runs[-1][0] == tag and runs[-1][1][-1] == i - 1:
+            runs[-1][1].append(i)
+        else:
+            runs.append((tag, [i]))
+    return [(tag, range(ops[0], ops[-1] + 1)) for tag, ops in runs]
+
+
+class RoundedOutputs:
+    """A compiled section whose outputs are rounded to fp16 once: fp32 arithmetic, fp16 storage of the result."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def signature(self, name=None):
+        run = self.compiled.signature(name)
+        return lambda **feeds: {k: v.half().float() for k, v in run(**feeds).items()}
+
+    def close(self):
+        self.compiled.close()
+
+
+def spread(model, host, stock, path: Path) -> dict:
+    compiled = {m: gpu_accelerator.compile(path, m) for m in gpu_check.HALF_MODES}
+    out = {}
+    for kind, (n, inputs) in tflite_check.row_records(host, L, model.config.vocab_size, ("full", "padded")).items():
+        rows = []
+        for seed in range(PERTURBED + 1):
+            feeds = {**inputs, "embeds": perturbed(inputs["embeds"], seed)}
+            exact, floor = stock.hidden(feeds["embeds"][:, :n])
+            row = {"seed": seed, "floor": {k: sig(v) for k, v in errors(floor, exact).items()}}
+            for mode, c in compiled.items():
+                e = errors(c.signature()(**feeds)["hidden"][0, :n], exact)
+                row[mode] = {k: sig(v) for k, v in e.items()}
+                row[f"{mode}_over_floor"] = {k: sig(e[k] / row["floor"][k]) for k in e}
+            rows.append(row)
+            print(f"spread {kind} seed {seed}: " + ", ".join(f"{k} {row[k]}" for k in row if k != "seed"), flush=True)
+        floors = [r["floor"]["global"] for r in rows]
+        out[kind] = {
+            "real_tokens": n,
+            "rows": rows,
+            "floor_max_over_min": sig(max(floors) / min(floors)),
+            **{
+                f"{mode}_over_floor_median": sig(statistics.median(r[f"{mode}_over_floor"]["global"] for r in rows))
+                for mode in compiled
+            },
+        }
+    for c in compiled.values():
+        c.close()
+    return out
+
+
+def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Tensor], n: int) -> dict:
+    """Ops `ops` alone in mixed inside an fp32 run of the whole graph, and alone in fp32 with their outputs
+    rounded to fp16 once: the final hidden state's error against float64, median over `feeds`."""
+    graph = sections.SectionedGraph(path, 1 << 62, cuts={SIGNATURE: [0, ops.start, ops.stop, op_count(path)]})
+    figures = {}
+    for how in ("mixed", "fp32_rounded_once"):
+
+        def compile_section(p, how=how):
+            inside = Path(p).stem.endswith("_1")
+            if how == "mixed":
+                return gpu_accelerator.compile(p, "mixed" if inside else "fp32")
+            c = gpu_accelerator.compile(p, "fp32")
+            return RoundedOutputs(c) if inside else c
+
+        outs = graph.run(compile_section, SIGNATURE, feeds)
+        e = [errors(torch.as_tensor(o["hidden"])[0, :n], x) for o, x in zip(outs, exact, strict=True)]
+        figures[how] = {k: sig(statistics.median(x[k] for x in e)) for k in ("global", "worst_position")}
+    graph.close()
+    figures["mixed_over_rounding"] = sig(figures["mixed"]["global"] / figures["fp32_rounded_once"]["global"])
+    return figures
+
+
+MATMULS = ("FULLY_CONNECTED", "BATCH_MATMUL")
+
+
+def split_at_matmuls(path: Path, ops: range) -> list[range]:
+    """`ops` cut after each matmul (its elementwise chain with the matmul that ends it), where a cut carries
+    float32 tensors only."""
+    model = graph_object(path)
+    sg = model.subgraphs[0]
+    outputs = [int(e.tensorIndex) for e in model.signatureDefs[0].outputs]
+    cuts = [ops.start]
+    for i in ops[:-1]:
+        if tflite_file.op_name(model, sg.operators[i]) in MATMULS:
+            try:
+                sections.sections_at(model, 0, outputs, [0, i + 1, len(sg.operators)])
+            except ClefError:
+                continue
+            cuts.append(i + 1)
+    return [range(a, b) for a, b in zip(cuts, [*cuts[1:], ops.stop], strict=True)]
+
+
+def trace(model, host, stock, path: Path) -> dict:
+    """Each part of the first decoder layer, then the largest part (the GatedDeltaNet's kernel) cut after
+    each of its matmuls."""
+    n, inputs = tflite_check.row_records(host, L, model.config.vocab_size, (TRACE_RECORD,))[TRACE_RECORD]
+    feeds = [{**inputs, "embeds": perturbed(inputs["embeds"], seed)} for seed in range(PERTURBED + 1)]
+    exact = [stock.hidden(f["embeds"][:, :n])[0] for f in feeds]
+    found = parts(path)
+    rows = []
+    for tag, ops in found:
+        rows.append({"part": tag, "ops": [ops.start, ops.stop], **part_figures(path, ops, feeds, exact, n)})
+        print(f"trace {tag} ops {ops.start}-{ops.stop}: {rows[-1]}", flush=True)
+    tag, largest = max(found, key=lambda t: len(t[1]))
+    model_object = graph_object(path)
+    inner = []
+    for ops in split_at_matmuls(path, largest):
+        kinds = sorted({tflite_file.op_name(model_object, model_object.subgraphs[0].operators[i]) for i in ops})
+        inner.append({"ops": [ops.start, ops.stop], "op_kinds": kinds, **part_figures(path, ops, feeds, exact, n)})
+        print(f"trace {tag} ops {ops.start}-{ops.stop}: {inner[-1]}", flush=True)
+    return {"record": TRACE_RECORD, "real_tokens": n, "parts": rows, "largest_part": {"part": tag, "pieces": inner}}
+
+
+def graph_object(path: Path):
+    return flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
+
+
+def op_count(path: Path) -> int:
+    return len(graph_object(path).subgraphs[0].operators)
+
+
+def main() -> None:
+    start = time.time()
+    path = layout.require(layout.row_path(L), f"export@{L}")
+    gpu_accelerator.prove_mode("mixed")
+    snap = snapshot.verify(snapshot.load_record())
+    form = str(kernel_form.parse(params.load(["form"])["form"]))
+    model, _, _ = patch.load(snap, form, progress=False)
+    host, stock = Host(snap), gpu_check.StockReferences(model)
+    report = {
+        "what": __doc__.split("\n\n")[0],
+        "measured_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "graph": str(path),
+        "form": form,
+        "metric": "max |x - ref| / max |ref| (global) and the worst position's ||x - ref|| / ||ref||, ref: stock "
+        "transformers in float64 on the same inputs",
+        "spread": spread(model, host, stock, path),
+        "trace": trace(model, host, stock, path),
+    }
+    report["seconds"] = round(time.time() - start, 1)
+    atomic.write_json(OUT, report)
+    print(f"wrote {OUT} in {report['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    run_command(main)
