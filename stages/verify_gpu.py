@@ -1,14 +1,13 @@
-"""DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for
-LiteRT's GPU accelerator alone and run in fp32, fp16 and mixed (scripts/checks/gpu_check.py; each mode
-first shown by its effect on the precision probe), in sections of at
-most verify_gpu.section_fraction of the stack's weights (scripts/litert/sections.py: the accelerator
-holds several times what it compiles) and of verify_gpu.section_work / tokens (it waits about two
-minutes for a run), over the layers verify_gpu.layers names (the first block: its
-residual stream against the first block in torch) ->
+"""DVC stages `verify_gpu_row` (one per L) and `verify_gpu_pair` (one per pair): the graph compiled for LiteRT's
+GPU accelerator alone and run in fp32, fp16 and mixed (scripts/checks/gpu_check.py; each mode first shown by
+its effect on the precision probe), in sections of at most verify_gpu.section_fraction of the stack's weights,
+never under verify_gpu.section_min_bytes (scripts/litert/sections.py: the accelerator holds several times what
+it compiles) and of verify_gpu.section_work / tokens (it waits about two minutes for a run), over the layers
+verify_gpu.layers names (the first block: its residual stream against the first block in torch) ->
 results/gpu/gpu_row_L{L}.json or results/gpu/gpu_pair_P{P}_S{S}.json and their metrics row. Fails, naming the
-graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite
-output, an fp32 error over the bound, or a mode of verify_gpu.held_to_floor over fp16_max_over_floor x
-the torch-float16 floor (global or per position). No Vulkan adapter, or a mode the runtime does not honour: one line."""
+graph, on a refused op (with the signature that holds it), a partial acceleration, a non-finite output, an
+fp32 error over the bound, or a mode of verify_gpu.held_to_floor over fp16_max_over_floor x the torch-float16
+floor (global or per position). No Vulkan adapter, or a mode the runtime does not honour: one line."""
 
 import argparse
 import contextlib
@@ -32,7 +31,7 @@ def main() -> None:
     a = ap.parse_args()
     if (a.length is None) == (a.prefix is None or a.suffix is None):
         raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
-    p = params.load(["form", "verify_gpu", "model"])
+    p = params.load(["form", "verify_gpu", "model.source"])  # layers: auto reads the source
     form = str(kernel_form.parse(p["form"]))
     bounds = gpu_check.limits(p["verify_gpu"])
     limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]

@@ -529,11 +529,16 @@ def test_sections_shrink_with_the_tokens_a_run_takes():
     """Memory bounds a section by a fraction of the stack, time by bytes x tokens: the accelerator waits
     about two minutes for a run, which a real-width section of 807 MB at L=256 outlasted on lavapipe."""
     stack = 3_459_797_248  # the real-width synthetic stack
-    section = {"section_fraction": 0.25, "section_work": 1e11}
+    section = {"section_fraction": 0.25, "section_min_bytes": 2**28, "section_work": 1e11}
     assert gpu_check.section_bytes(section, stack, 64) == int(0.25 * stack)  # memory binds
     assert gpu_check.section_bytes(section, stack, 256) == int(1e11 / 256) < 0.5 * 0.25 * stack  # time binds
-    assert gpu_check.section_bytes(section, 1000, 256) == 250  # the tiny stack: memory binds
-    for bad, fragment in (({"section_fraction": 0.25}, "verify_gpu.section_work None"), ([1], "section_fraction")):
+    assert gpu_check.section_bytes(section, 5_695_936, 256) == 2**28  # the tiny stack: it runs whole
+    assert gpu_check.section_bytes({**section, "section_work": 1e9}, 5_695_936, 256) == int(1e9 / 256)
+    for bad, fragment in (
+        ({"section_fraction": 0.25, "section_min_bytes": 1}, "verify_gpu.section_work None"),
+        ({"section_fraction": 0.25, "section_work": 1e11}, "verify_gpu.section_min_bytes None"),
+        ([1], "section_fraction"),
+    ):
         with pytest.raises(ClefError, match=fragment):
             gpu_check.section_bytes(bad, stack, 64)
 

@@ -128,11 +128,14 @@ def limits(section) -> dict:
 def section_bytes(section, fp32_stack_bytes: int, tokens: int) -> int:
     """The most constant bytes the accelerator is given at once (scripts/litert/sections.py), for a
     graph whose longest signature takes `tokens`: params.yaml verify_gpu.section_fraction x the stack's
-    fp32 bytes (memory), and at most verify_gpu.section_work / tokens (a run's time)."""
+    fp32 bytes (memory), but never under verify_gpu.section_min_bytes (what the accelerator holds of a
+    section that small fits in the stage's memory overhead: a small graph runs whole), and at most
+    verify_gpu.section_work / tokens (a run's time)."""
     found = section if isinstance(section, dict) else {}
     fraction = params.positive_number(found.get("section_fraction"), "verify_gpu.section_fraction")
+    least = params.positive_number(found.get("section_min_bytes"), "verify_gpu.section_min_bytes")
     work = params.positive_number(found.get("section_work"), "verify_gpu.section_work")
-    return max(1, int(min(fraction * fp32_stack_bytes, work / tokens)))
+    return max(1, int(min(max(fraction * fp32_stack_bytes, least), work / tokens)))
 
 
 class ModeRun:

@@ -257,6 +257,7 @@ SCHEMA = {
             "max_rel_per_position_fp32": THRESHOLD,
             "fp16_max_over_floor": positive_number,
             "section_fraction": positive_number,
+            "section_min_bytes": positive_number,
             "section_work": positive_number,
             "layers": one_of(*GPU_DEPTHS),
             "held_to_floor": subset_of(*GPU_HALF_MODES),
@@ -342,10 +343,12 @@ def read(path: str | Path = "params.yaml") -> dict:
 
 def load(sections=None, path: str | Path = "params.yaml") -> dict:
     """params.yaml with `sections` present and checked (a stage asks for the sections it declares in
-    dvc.yaml), or, without `sections`, the whole file checked. A bad value is a ClefError naming it."""
+    dvc.yaml; `section.key` declares one key, so that DVC reruns the stage when that key changes and not
+    when the rest of the section does, and checks its whole section), or, without `sections`, the whole
+    file checked. A bad value is a ClefError naming it."""
     params = read(path)
     if sections is None:
         return check_all(params, path)
     for section in sections:
-        check_section(params, section, path)
+        check_section(params, section.split(".", 1)[0], path)
     return params
