@@ -247,7 +247,7 @@ def build(
         rel_path, entry, digests = artifact_entry(it, build_dir, lock, form, p["release"]["max_over_recorded"])
         artifacts[rel_path] = entry
         hashed |= digests
-    name = builder.release_name(rec, form)
+    name = layout.release_name(rec, form)
     signed = signing.section(key)
     atomic.write_text(build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed))
     files = builder.file_table(build_dir, hashed)

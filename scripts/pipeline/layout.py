@@ -11,6 +11,7 @@ from pathlib import Path
 
 ROWS = Path("artifacts/rows")
 PAIRS = Path("artifacts/pairs")
+BUNDLE = Path("artifacts/bundle")  # one .tflite with every row and pair signature over one copy of the weights
 RELEASE = Path("artifacts/release")
 DIST = Path("artifacts/dist")
 RESULTS = Path("results")
@@ -41,6 +42,24 @@ def row_path(length: int) -> Path:
 
 def pair_path(prefix: int, suffix: int) -> Path:
     return PAIRS / f"{pair_name(prefix, suffix)}.tflite"
+
+
+def release_name(rec: dict, form: str) -> str:
+    """<model>-<revision[:12]>-<form>: what the release's tarball and its bundle are called."""
+    return f"{rec['repo'].split('/')[-1]}-{rec['revision'][:12]}-{form}"
+
+
+def bundle_path(rec: dict, form: str) -> Path:
+    return BUNDLE / f"{release_name(rec, form)}.tflite"
+
+
+def bundle_signatures(kind: str, shape: dict) -> dict[str, str]:
+    """What a graph's signatures are called in the bundle: {name in its own file: name in the bundle}.
+    A row's one signature takes the row's name; a pair's two keep theirs, with the pair's shape."""
+    if kind == "row":
+        return {"serving_default": row_name(shape["L"])}
+    suffix = pair_name(shape["P"], shape["S"]).removeprefix("pair_")
+    return {side: f"{side}_{suffix}" for side in ("prefix", "suffix")}
 
 
 def result_path(name: str) -> Path:

@@ -263,6 +263,7 @@ SCHEMA = {
             "held_to_floor": subset_of(*GPU_HALF_MODES),
         }
     ),
+    "bundle": mapping({"max_bytes_over_graph": factor, "memory_goal_over_graph": factor}),
     "release": mapping(
         {"host_weights": one_of(*HOST_WEIGHT_MODES), "signing_key": optional_path, "max_over_recorded": factor}
     ),

@@ -26,11 +26,6 @@ def check_host_weights(mode) -> str:
     return params.one_of(*params.HOST_WEIGHT_MODES)(mode, "release.host_weights")
 
 
-def release_name(rec: dict, form: str) -> str:
-    """<model>-<revision[:12]>-<form>: what the tarball is called."""
-    return f"{rec['repo'].split('/')[-1]}-{rec['revision'][:12]}-{form}"
-
-
 def place(src: Path, dest: Path) -> None:
     """dest as a hard link to src where the filesystem allows (a 30 GB graph is not copied), else a copy."""
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,238 @@
+"""One `.tflite` holding the signatures of several: subgraphs kept as converted, constants stored once.
+
+Every row graph and pair carries a full copy of the weights, and the copies are the same bytes (the
+same converter folds the same checkpoint tensors the same way). `merge` writes a model whose
+subgraphs are the parts' subgraphs unchanged, its signatures renamed (row_L64's `serving_default`
+becomes `row_L64`), its operator codes the union of theirs, and its buffers deduplicated by content
+(sha256 of the bytes): a weight used by nine signatures is stored once, and tensor by tensor each
+subgraph reads the same bytes it read in its own file, so a signature computes what its file does.
+
+The data always goes after the flatbuffer head, each buffer at an aligned absolute offset (the form
+the converter uses past 2 GB, which every reader here handles): one code path for the tiny checkpoint
+and real width, and the parts' weights are streamed from their mapped files, never held in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import mmap
+from pathlib import Path
+
+import flatbuffers
+from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.tools import flatbuffer_utils
+
+from scripts.litert import tflite_file
+from scripts.pipeline import atomic
+from scripts.pipeline.errors import ClefError
+
+# A stand-in offset while the head's length is measured: a flatbuffer leaves a field at its default
+# (0) out, so the stand-in must be non-zero and as wide as any real offset for the length to hold.
+_OFFSET_PLACEHOLDER = 1 << 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One source file and what each of its signatures is called in the bundle."""
+
+    path: Path
+    signatures: dict[str, str]  # name in the part -> name in the bundle
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+    """What `merge` wrote: sizes, and how much the sharing saved."""
+
+    bytes: int
+    constant_bytes: int  # the bundle's constants, each stored once
+    part_constant_bytes: int  # the parts' constants as the parts stored them (a copy per part, or more)
+    shared_buffers: int  # the bundle's constants that stand for more than one stored copy
+    shared_bytes: int  # bytes of those constants
+    signatures: dict[str, int]  # bundle signature -> its subgraph index
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _opcode_key(code) -> tuple:
+    return (code.deprecatedBuiltinCode, code.builtinCode, tflite_file.text(code.customCode), code.version)
+
+
+def _refuse_subgraph_references(model, path: Path) -> None:
+    """An op that names another subgraph (WHILE, IF, CALL_ONCE, composites) would need its index
+    remapped; our graphs have none (the census gate bans control flow), so one is refused, not guessed."""
+    for sg in model.subgraphs:
+        for op in sg.operators:
+            opts = op.builtinOptions
+            if opts is not None and any(k.endswith("SubgraphIndex") for k in vars(opts)):
+                raise ClefError(f"{path}: op {tflite_file.op_name(model, op)} names a subgraph; cannot bundle it")
+            if getattr(op, "largeCustomOptionsOffset", 0) > 1:
+                raise ClefError(f"{path}: an op with external custom options; cannot bundle it")
+
+
+def _digest(buffer, mm) -> tuple[str, int]:
+    """sha256 and length of a buffer's data, inline or in the mapped file (no copy of it made)."""
+    if buffer.offset > 1:
+        with memoryview(mm) as view:
+            return hashlib.sha256(view[buffer.offset : buffer.offset + buffer.size]).hexdigest(), buffer.size
+    data = _inline_data(buffer)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _inline_data(buffer) -> bytes:
+    return bytes(buffer.data) if buffer.data is not None else b""
+
+
+def merge(parts: list[Part], dst, meta: dict) -> Merged:
+    """Write the bundle of `parts` to `dst` (atomically) with `meta` as its METADATA_NAME entry.
+    Every signature of every part must be named in its Part, and no two bundle names may clash."""
+    names = [n for part in parts for n in part.signatures.values()]
+    if len(set(names)) != len(names):
+        raise ClefError(f"bundle signature names clash: {sorted(names)}")
+    out = schema.ModelT()
+    out.version, out.description = 3, "clef-litert bundle"
+    out.operatorCodes, out.subgraphs, out.signatureDefs, out.metadata = [], [], [], []
+    out.buffers = [schema.BufferT()]  # buffer 0: the empty one every non-constant tensor may name
+    opcodes: dict[tuple, int] = {}
+    by_hash: dict[str, int] = {}  # sha256 -> bundle buffer index
+    sources: dict[int, tuple] = {}  # bundle buffer -> (part, offset, size) in a part's file, or (bytes,)
+    sizes: dict[int, int] = {}  # bundle buffer -> bytes of data
+    reads: dict[int, int] = {}  # bundle buffer -> how many part buffers it stands for
+    kept_metadata: set[str] = set()
+    files, maps = [], []
+    signatures: dict[str, int] = {}
+    try:
+        for pi, part in enumerate(parts):
+            f = open(part.path, "rb")  # noqa: SIM115  (closed in finally, with its map)
+            files.append(f)
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            maps.append(mm)
+            model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(part.path)))
+            _refuse_subgraph_references(model, part.path)
+            have = {tflite_file.text(s.signatureKey) for s in model.signatureDefs or []}
+            if have != set(part.signatures):
+                raise ClefError(f"{part.path}: signatures {sorted(have)}, the bundle expects {sorted(part.signatures)}")
+            code_map = {}
+            for i, code in enumerate(model.operatorCodes):
+                key = _opcode_key(code)
+                if key not in opcodes:
+                    opcodes[key] = len(out.operatorCodes)
+                    out.operatorCodes.append(code)
+                code_map[i] = opcodes[key]
+            metadata_buffers = {entry.buffer for entry in model.metadata or []}
+            buffer_map = {}
+            for i, buffer in enumerate(model.buffers):
+                if i in metadata_buffers:
+                    continue  # metadata is rewritten below
+                digest, size = _digest(buffer, mm)
+                if not size:
+                    continue  # an empty buffer: its tensors name buffer 0
+                if digest not in by_hash:
+                    index = by_hash[digest] = len(out.buffers)
+                    new = schema.BufferT()
+                    new.offset, new.size = _OFFSET_PLACEHOLDER, size
+                    out.buffers.append(new)
+                    external = buffer.offset > 1
+                    sources[index] = (pi, buffer.offset, size) if external else (_inline_data(buffer),)
+                    sizes[index], reads[index] = size, 0
+                buffer_map[i] = by_hash[digest]
+                reads[buffer_map[i]] += 1
+            base = len(out.subgraphs)
+            for sg in model.subgraphs:
+                for t in sg.tensors:
+                    t.buffer = buffer_map.get(t.buffer, 0)
+                for op in sg.operators:
+                    op.opcodeIndex = code_map[op.opcodeIndex]
+                out.subgraphs.append(sg)
+            for sig in model.signatureDefs:
+                sig.signatureKey = part.signatures[tflite_file.text(sig.signatureKey)]
+                sig.subgraphIndex += base
+                signatures[sig.signatureKey] = sig.subgraphIndex
+                out.signatureDefs.append(sig)
+            for entry in model.metadata or []:
+                name = tflite_file.text(entry.name)
+                if name == tflite_file.METADATA_NAME or name in kept_metadata:
+                    continue  # each part's identity goes into the bundle's own entry; others kept once
+                kept_metadata.add(name)
+                source = model.buffers[entry.buffer]  # small (a version string, the converter's notes)
+                if source.offset > 1:
+                    entry.buffer = _inline(out, mm[source.offset : source.offset + source.size])
+                else:
+                    entry.buffer = _inline(out, _inline_data(source))
+                out.metadata.append(entry)
+        entry = schema.MetadataT()
+        entry.name = tflite_file.METADATA_NAME
+        entry.buffer = _inline(out, json.dumps(meta, sort_keys=True).encode())
+        out.metadata.append(entry)
+        written = _write(out, sources, maps, dst)
+    finally:
+        for mm in maps:
+            mm.close()
+        for f in files:
+            f.close()
+    shared = [i for i, n in reads.items() if n > 1]
+    return Merged(
+        bytes=written,
+        constant_bytes=sum(sizes.values()),
+        part_constant_bytes=sum(sizes[i] * n for i, n in reads.items()),
+        shared_buffers=len(shared),
+        shared_bytes=sum(sizes[i] for i in shared),
+        signatures=signatures,
+    )
+
+
+def _inline(model, data: bytes) -> int:
+    buf = schema.BufferT()
+    buf.data = list(data)
+    model.buffers.append(buf)
+    return len(model.buffers) - 1
+
+
+class _SharedStrings(flatbuffers.Builder):
+    """A builder that writes each distinct string once: the parts' subgraphs name their tensors after
+    the same source modules, and those names were most of a tiny bundle's head (3.2 of 4.7 MB)."""
+
+    def CreateString(self, s, encoding="utf-8", errors="strict"):  # noqa: N802  (flatbuffers' name)
+        if not hasattr(self, "_strings"):
+            self._strings = {}
+        key = s if isinstance(s, bytes) else s.encode(encoding, errors)
+        if key not in self._strings:
+            self._strings[key] = flatbuffers.Builder.CreateString(self, key)
+        return self._strings[key]
+
+
+def _pack(model) -> bytes:
+    builder = _SharedStrings(1024)
+    builder.Finish(model.Pack(builder), file_identifier=tflite_file.FILE_IDENTIFIER)
+    return bytes(builder.Output())
+
+
+def _write(model, sources: dict[int, tuple], maps: list, dst) -> int:
+    """The head, then each external buffer at the next DATA_ALIGN boundary after it; the head's
+    length does not depend on the offsets' values (placeholders are as wide), so it is built twice."""
+    align = tflite_file.DATA_ALIGN
+    trial = len(_pack(model))
+    start = -(-trial // tflite_file.HEAD_ROOM) * tflite_file.HEAD_ROOM
+    at, placed = start, []
+    for index in sorted(sources):
+        at = -(-at // align) * align
+        model.buffers[index].offset = at
+        placed.append((at, sources[index]))
+        at += model.buffers[index].size
+    head = _pack(model)
+    if len(head) != trial:
+        raise AssertionError(f"bundle head {len(head)} bytes, measured {trial}")
+    with atomic.writing(dst) as f:
+        f.write(head + bytes(start - len(head)))
+        for offset, source in placed:
+            f.write(bytes(offset - f.tell()))
+            if len(source) == 1:
+                f.write(source[0])
+                continue
+            pi, src, size = source
+            with memoryview(maps[pi]) as view:
+                for lo in range(src, src + size, tflite_file.COPY_CHUNK):
+                    f.write(view[lo : min(lo + tflite_file.COPY_CHUNK, src + size)])
+    return Path(dst).stat().st_size

@@ -1,0 +1,201 @@
+"""DVC stage `bundle`: every row graph and pair in one .tflite over one copy of the weights
+(scripts/litert/bundle.py) -> artifacts/bundle/<model>-<revision[:12]>-<form>.tflite, verified against the
+files it was made from (scripts/checks/bundle_check.py) -> results/bundle.json and its metrics row.
+
+Each graph's reference record runs through its signatures in the bundle and in its own file, on the CPU
+accelerator and on the GPU accelerator alone in every mode verify_gpu runs (where verify_gpu runs whole
+graphs: verify_gpu.layers resolving to `all`); every output must be bit-identical. Memory: the bundle
+and the largest graph, each compiled with every signature run once, in a process of their own.
+
+Refuses, before merging, a graph that is missing, whose metadata names another revision, form or shape,
+or whose reference record is missing; the bundle's metadata records each graph's metadata, the names of
+its signatures in the bundle and the sha256 of the file it came from. Fails, leaving
+the previous bundle in place, on a census violation, a bundle over bundle.max_bytes_over_graph x the
+largest graph, an output that differs, or a signature the GPU accelerator does not run whole.
+"""
+
+import shutil
+
+from scripts.checkpoint import snapshot
+from scripts.checks import bundle_check, compare
+from scripts.layers import kernel_form
+from scripts.litert import bundle, gpu_accelerator, tflite_file
+from scripts.litert.cpu_graph import CpuGraph
+from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.release import references
+
+GPU_MODES = gpu_accelerator.MODES
+
+
+def preflight(graphs: list, rec: dict, form: str) -> dict:
+    """Every graph there, of this revision, form and shape, with its reference record -> {name: metadata}."""
+    metas = {}
+    for g in graphs:
+        layout.require(g.path)
+        layout.require(layout.reference_path(g.path))
+        want = {"revision": rec["revision"], "form": form, "kind": g.kind, **g.shape}
+        meta = tflite_file.read_metadata(g.path)
+        bad = tflite_file.metadata_mismatches(meta, want)
+        if bad:
+            raise ClefError(f"{g.path}: metadata {'; '.join(bad)}; rerun its export stage")
+        # the file's own hash: the release refuses a bundle whose parts are not the graphs it has
+        metas[g.name] = {**meta, "signatures": g.signatures, "sha256": snapshot.sha256_file(g.path)}
+    return metas
+
+
+def identity_cpu(path, graphs: list) -> list[dict]:
+    rows, whole = [], CpuGraph(path)
+    try:
+        for g in graphs:
+            record = references.load_reference(layout.REFERENCES, layout.reference_path(g.path).name)
+            own = CpuGraph(g.path)
+            try:
+                _, expected = bundle_check.run_record(references.interpreter_signature(own), g.kind, record)
+            finally:
+                own.close()
+            figures, got = bundle_check.run_record(
+                bundle_check.renamed(references.interpreter_signature(whole), g.signatures), g.kind, record
+            )
+            rows.append({"graph": g.name, "accelerator": "cpu", **figures, **bundle_check.difference(got, expected)})
+            print(f"bundle: {g.name} on the CPU: identical {rows[-1]['identical']}", flush=True)
+    finally:
+        whole.close()
+    return rows
+
+
+def identity_gpu(path, graphs: list, census: dict) -> list[dict]:
+    rows = []
+    for mode in GPU_MODES:
+        whole = gpu_accelerator.compile(path, mode, census)
+        try:
+            for g in graphs:
+                record = references.load_reference(layout.REFERENCES, layout.reference_path(g.path).name)
+                own = gpu_accelerator.compile(g.path, mode)
+                try:
+                    _, expected = bundle_check.run_record(own.signature, g.kind, record)
+                finally:
+                    own.close()
+                figures, got = bundle_check.run_record(
+                    bundle_check.renamed(whole.signature, g.signatures), g.kind, record
+                )
+                rows.append(
+                    {
+                        "graph": g.name,
+                        "accelerator": f"gpu {mode}",
+                        "fully_accelerated": whole.fully_accelerated,
+                        "adapter": whole.adapter,
+                        **figures,
+                        **bundle_check.difference(got, expected),
+                    }
+                )
+                print(f"bundle: {g.name} on the GPU ({mode}): identical {rows[-1]['identical']}", flush=True)
+        finally:
+            whole.close()
+    return rows
+
+
+def memory(path, largest, accelerators: tuple[str, ...]) -> dict:
+    """Held and peak bytes over the runtime's own, the bundle against the largest graph, per accelerator
+    (the GPU's in fp32 mode)."""
+    out = {}
+    for accelerator in accelerators:
+        one = bundle_check.memory(largest, accelerator)
+        every = bundle_check.memory(path, accelerator)
+        out[accelerator] = {
+            "bundle": every,
+            "largest_graph": one,
+            "held_over_graph": every["held"] / max(one["held"], 1),
+            "peak_over_graph": every["peak"] / max(one["peak"], 1),
+        }
+    return out
+
+
+def main() -> None:
+    p = params.load(["form", "lengths", "pairs", "bundle", "verify_gpu.layers", "model.source"])
+    form = str(kernel_form.parse(p["form"]))
+    rec = snapshot.load_record()
+    graphs = bundle_check.planned(p["lengths"], p["pairs"])
+    metas = preflight(graphs, rec, form)
+    final = layout.bundle_path(rec, form)
+    build = atomic.partial_dir(layout.BUNDLE)
+    shutil.rmtree(build, ignore_errors=True)
+    try:
+        path = build / final.name
+        meta = {
+            "kind": "bundle",
+            "revision": rec["revision"],
+            "repo": rec["repo"],
+            "source": rec["source"],
+            "form": form,
+            "graphs": metas,
+        }
+        merged = bundle.merge([bundle.Part(g.path, g.signatures) for g in graphs], path, meta)
+        census = tflite_file.census(path)
+        found = tflite_file.violations(census)
+        largest = max((g.path for g in graphs), key=lambda f: f.stat().st_size)
+        over_graph = merged.bytes / largest.stat().st_size
+        gpu_whole = params.gpu_depth(p["verify_gpu"]["layers"], p["model"]["source"]) == "all"
+        rows = identity_cpu(path, graphs) + (identity_gpu(path, graphs, census) if gpu_whole else [])
+        problems = [f"census: {v}" for v in found]
+        if over_graph > p["bundle"]["max_bytes_over_graph"]:
+            problems.append(
+                f"{merged.bytes} bytes, {over_graph:.3f}x the largest graph {largest.name} "
+                f"(bound {p['bundle']['max_bytes_over_graph']}): its constants are not stored once"
+            )
+        problems += [
+            f"{r['graph']} on the {r['accelerator']}: outputs differ from its own file's "
+            f"(max rel {compare.shown(r['max_rel'])})"
+            for r in rows
+            if not r["identical"]
+        ]
+        problems += [
+            f"{r['graph']} on the {r['accelerator']}: not every op on the GPU accelerator"
+            for r in rows
+            if r.get("fully_accelerated") is False
+        ]
+        doc = {
+            "file": str(final),
+            "graphs": [g.name for g in graphs],
+            "signatures": merged.signatures,
+            "sharing": merged.as_dict(),
+            "largest_graph": {"file": str(largest), "bytes": largest.stat().st_size},
+            "bytes_over_graph": over_graph,
+            "max_bytes_over_graph": p["bundle"]["max_bytes_over_graph"],
+            "identity": rows,
+            "gpu_checked": gpu_whole,
+            "gpu_not_checked_why": None
+            if gpu_whole
+            else f"verify_gpu.layers resolves to block for model.source {p['model']['source']}: "
+            "the GPU runs sections of the first block, not whole graphs",
+            "memory": memory(path, largest, ("cpu", "gpu") if gpu_whole else ("cpu",)),
+            "memory_goal_over_graph": p["bundle"]["memory_goal_over_graph"],
+            "census": {k: census[k] for k in ("op_total", "max_rank", "subgraphs", "dtypes")},
+            "passed": not problems,
+            "problems": problems,
+        }
+        atomic.write_json(layout.result_path("bundle"), doc)
+        metrics.write(
+            "bundle",
+            passed=not problems,
+            max_rel=max((r["max_rel"] for r in rows), default=None),
+            threshold=0.0,
+            bytes=merged.bytes,
+            op_total=census["op_total"],
+            max_rank=census["max_rank"],
+        )
+        if problems:
+            raise ClefError(
+                f"{final.name}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if problems[1:] else "")
+            )
+        atomic.swap_in_dir(build, layout.BUNDLE)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    print(
+        f"bundle: {final} ({merged.bytes} bytes, {over_graph:.3f}x {largest.name}; {len(merged.signatures)} "
+        f"signatures; constants {merged.constant_bytes} of {merged.part_constant_bytes} bytes stored)"
+    )
+
+
+if __name__ == "__main__":
+    run_stage(main)
