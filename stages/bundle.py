@@ -55,7 +55,7 @@ def identity_cpu(path, graphs: list) -> list[dict]:
             finally:
                 own.close()
             figures, got = bundle_check.run_record(
-                bundle_check.renamed(references.interpreter_signature(whole), g.signatures), g.kind, record
+                references.renamed(references.interpreter_signature(whole), g.signatures), g.kind, record
             )
             rows.append({"graph": g.name, "accelerator": "cpu", **figures, **bundle_check.difference(got, expected)})
             print(f"bundle: {g.name} on the CPU: identical {rows[-1]['identical']}", flush=True)
@@ -77,7 +77,7 @@ def identity_gpu(path, graphs: list, census: dict) -> list[dict]:
                 finally:
                     own.close()
                 figures, got = bundle_check.run_record(
-                    bundle_check.renamed(whole.signature, g.signatures), g.kind, record
+                    references.renamed(whole.signature, g.signatures), g.kind, record
                 )
                 rows.append(
                     {
@@ -156,6 +156,7 @@ def main() -> None:
         ]
         doc = {
             "file": str(final),
+            "form": form,
             "graphs": [g.name for g in graphs],
             "signatures": merged.signatures,
             "sharing": merged.as_dict(),

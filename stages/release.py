@@ -1,5 +1,6 @@
-"""DVC stage `release`: the row graphs and pairs, host files, reference records (computed by the verify
-stages, which hold the torch model already: this stage loads no model), model card and
+"""DVC stage `release`: the graphs (release.layout `bundle`: the bundle stage's one .tflite holding every
+row and pair signature; `files`: each row graph and pair), host files, reference records (computed by the
+verify stages, which hold the torch model already: this stage loads no model), model card and
 manifest -> artifacts/release/, its tarball -> artifacts/dist/<model>-<revision>-<form>.tar.zst, and the
 by-length tables `dvc plots show` draws -> results/plots/.
 
@@ -12,9 +13,10 @@ ties the two.
 
 Refuses, before building anything, a signing key that cannot sign, an artifact that is missing, whose
 metadata names another revision, form or shape, whose verify stage did not pass or left no reference
-record or figures; and as it packages each, a reference record that is not the one measured, or
-whose error is over the threshold its verify stage held it to. A refusal leaves the previous release
-and tarball in place and no build directory.
+record or figures; a bundle whose graphs or signatures are not the params' lengths and pairs, that did
+not pass its stage, or that was made from other files than the graphs there now; and as it packages
+each, a reference record that is not the one measured, or whose error is over the threshold its verify
+stage held it to. A refusal leaves the previous release and tarball in place and no build directory.
 """
 
 import shutil
@@ -39,6 +41,7 @@ def planned(p: dict) -> list[dict]:
     """The artifacts params.yaml asks for, each with the checks that vouch for it."""
     out = [
         {
+            "name": layout.row_name(n),
             "kind": "row",
             "shape": {"L": n},
             "path": layout.row_path(n),
@@ -53,6 +56,7 @@ def planned(p: dict) -> list[dict]:
         gpu = layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"])
         out.append(
             {
+                "name": name,
                 "kind": "pair",
                 "shape": {"P": q["prefix"], "S": q["suffix"]},
                 "gpu": gpu,
@@ -61,6 +65,8 @@ def planned(p: dict) -> list[dict]:
                 "bounds": graph_bounds(p, "verify_pair", "vs_row"),
             }
         )
+    for it in out:
+        it["signatures"] = layout.bundle_signatures(it["kind"], it["shape"])
     return out
 
 
@@ -113,13 +119,67 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
         it["metadata"], it["census"] = meta, tflite_file.census(graph)
 
 
-def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_recorded: float) -> tuple[str, dict, dict]:
-    """One graph into the release: placed, with the reference record its verify stage computed
-    (results/references/) and the figures that stage measured running it through the graph, held to
-    the bounds that stage held the graph to; -> its path, its manifest entry, and {path: sha256} of
-    the two files placed (hashed here, not again for the file table)."""
-    rel_path = f"{it['kind']}s/{it['path'].name}"
-    builder.place(it["path"], build / rel_path)
+def bundle_preflight(items: list[dict], rec: dict, form: str) -> Path:
+    """The bundle holds exactly the graphs params.yaml asks for, under the signature names layout gives
+    them, made from the graph files there now, and passed its stage -> its path."""
+    path = layout.require(layout.bundle_path(rec, form), "bundle")
+    meta = tflite_file.read_metadata(path) or {}
+    bad = tflite_file.metadata_mismatches(meta, {"kind": "bundle", "revision": rec["revision"], "form": form})
+    if bad:
+        raise ClefError(f"{path}: metadata {'; '.join(bad)}; rerun the bundle stage")
+    graphs = meta.get("graphs") or {}
+    want = {it["name"] for it in items}
+    if set(graphs) != want:
+        raise ClefError(
+            f"{path} holds graphs {sorted(graphs)}, params.yaml asks for {sorted(want)}: rerun the bundle stage"
+        )
+    have = set(tflite_file.census(path)["signatures"])
+    named = {n for it in items for n in it["signatures"].values()}
+    if have != named:
+        raise ClefError(
+            f"{path}: signatures {sorted(have ^ named)} are missing or not asked for: rerun the bundle stage"
+        )
+    for it in items:
+        if snapshot.sha256_file(it["path"]) != graphs[it["name"]].get("sha256"):
+            raise ClefError(
+                f"{it['path']} is not the file the bundle {path.name} was made from: rerun the bundle stage"
+            )
+    if read_metrics("bundle").get("passed") is not True:
+        raise ClefError(f"{path}: the bundle stage's checks did not pass; not releasing it")
+    return path
+
+
+def place_graphs(items: list[dict], build: Path, lock: dict, mode: str, bundle: Path | None) -> dict[str, dict]:
+    """The graph files into the release, each hashed once -> {graph name: the file holding it: its
+    release path, digests, bytes, the dvc.lock stage and md5 that produced it, and the graph's
+    signature names in it}."""
+    holders = {}
+    if mode == "bundle":
+        rel = f"bundle/{bundle.name}"
+        builder.place(bundle, build / rel)
+        held = {"file": rel, **builder.graph_digests(build / rel), "bytes": (build / rel).stat().st_size}
+        held["dvc_lock"] = {"stage": "bundle", "md5": lock.get("bundle", {}).get("outs", {}).get(str(layout.BUNDLE))}
+        return {it["name"]: {**held, "signature_names": it["signatures"]} for it in items}
+    for it in items:
+        rel = f"{it['kind']}s/{it['path'].name}"
+        builder.place(it["path"], build / rel)
+        stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
+        holders[it["name"]] = {
+            "file": rel,
+            **builder.graph_digests(build / rel),
+            "bytes": (build / rel).stat().st_size,
+            "dvc_lock": {"stage": stage, "md5": lock[stage]["outs"][str(it["path"])] if stage else None},
+            "signature_names": {k: k for k in it["census"]["signatures"]},
+        }
+    return holders
+
+
+def artifact_entry(it: dict, held: dict, build: Path, form: str, max_over_recorded: float) -> tuple[dict, dict]:
+    """One graph into the release: `held`, the file that holds it (place_graphs), with the reference
+    record its verify stage computed (results/references/) and the figures that stage measured running
+    it through the graph, held to the bounds that stage held the graph to; -> its manifest entry, and
+    {path: sha256} of the files placed (hashed here, not again for the file table)."""
+    rel_path = held["file"]
     check_file = f"checks/{it['path'].stem}.safetensors"
     record_path = layout.reference_path(it["path"])
     builder.place(record_path, build / check_file)
@@ -141,21 +201,17 @@ def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_record
     if found:
         raise ClefError(f"{rel_path}: reference record: {found[0]}")
     contract = it["metadata"]["contract"]
-    export_stage = next((n for n, st in lock.items() if str(it["path"]) in st["outs"]), None)
-    digests = builder.graph_digests(build / rel_path)
     return (
-        rel_path,
         {
             "kind": it["kind"],
             **it["shape"],
             "form": form,
-            "sha256": digests["sha256"],
-            "bytes": (build / rel_path).stat().st_size,
-            "md5": digests["md5"],
-            "dvc_lock": {
-                "stage": export_stage,
-                "md5": lock[export_stage]["outs"][str(it["path"])] if export_stage else None,
-            },
+            "file": rel_path,
+            "signature_names": held["signature_names"],
+            "sha256": held["sha256"],
+            "bytes": held["bytes"],
+            "md5": held["md5"],
+            "dvc_lock": held["dvc_lock"],
             "signatures": builder.signatures(it["census"], contract),
             "census": {k: it["census"][k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
             "metadata": {k: v for k, v in it["metadata"].items() if k != "contract"},
@@ -164,7 +220,7 @@ def artifact_entry(it: dict, build: Path, lock: dict, form: str, max_over_record
             "gpu": gpu_section(it["gpu"]),
             "reference": reference,
         },
-        {rel_path: digests["sha256"], check_file: measured["record_sha256"]},
+        {rel_path: held["sha256"], check_file: measured["record_sha256"]},
     )
 
 
@@ -179,10 +235,13 @@ def manifest_of(
     lock: dict,
     files: dict,
     signed: dict,
+    bundled: dict | None,
 ) -> dict:
     return {
         "format": reader.FORMAT,
         "name": name,
+        "layout": p["release"]["layout"],
+        "bundle": bundled,
         "model": {
             "repo": rec["repo"],
             "revision": rec["revision"],
@@ -232,8 +291,36 @@ def plot_tables(artifacts: dict) -> None:
     atomic.write_json(layout.PLOTS / "pairs.json", pairs)
 
 
+def bundle_section(held: dict) -> dict:
+    """What the bundle stage measured of the bundle the release ships (results/bundle.json)."""
+    doc = layout.read_record(layout.result_path("bundle"), "bundle")
+    identity = {}
+    for r in doc["identity"]:
+        seen = identity.setdefault(r["accelerator"], {"identical": True, "signatures_run": 0})
+        seen["identical"] = seen["identical"] and r["identical"]
+        seen["signatures_run"] += 1
+    return {
+        "file": held["file"],
+        "bytes": held["bytes"],
+        "sha256": held["sha256"],
+        **{k: doc[k] for k in ("signatures", "sharing", "largest_graph", "bytes_over_graph", "memory", "census")},
+        "identity_vs_own_file": identity,
+        "gpu_checked": doc["gpu_checked"],
+        "gpu_not_checked_why": doc["gpu_not_checked_why"],
+    }
+
+
 def build(
-    build_dir: Path, dist_dir: Path, p: dict, items: list[dict], rec: dict, snap: Path, form: str, overall: dict, key
+    build_dir: Path,
+    dist_dir: Path,
+    p: dict,
+    items: list[dict],
+    rec: dict,
+    snap: Path,
+    form: str,
+    overall: dict,
+    key,
+    bundle: Path | None,
 ) -> dict:
     """The release into build_dir (signed when `key`, the loaded release.signing_key, is not None) and
     its tarball into dist_dir -> the manifest."""
@@ -241,17 +328,22 @@ def build(
     build_dir.mkdir(parents=True)
     host_section = builder.host_files(snap, host, build_dir, p["release"]["host_weights"])
     lock = builder.lock_stages()
+    holders = place_graphs(items, build_dir, lock, p["release"]["layout"], bundle)
     artifacts, hashed = {}, {}
     for i, it in enumerate(items, 1):
-        print(f"release [{i}/{len(items)}] {it['path'].name}: reference record", flush=True)
-        rel_path, entry, digests = artifact_entry(it, build_dir, lock, form, p["release"]["max_over_recorded"])
-        artifacts[rel_path] = entry
+        print(f"release [{i}/{len(items)}] {it['name']}: reference record", flush=True)
+        held = holders[it["name"]]
+        entry, digests = artifact_entry(it, held, build_dir, form, p["release"]["max_over_recorded"])
+        artifacts[it["name"]] = entry
         hashed |= digests
     name = layout.release_name(rec, form)
     signed = signing.section(key)
-    atomic.write_text(build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed))
+    bundled = bundle_section(next(iter(holders.values()))) if bundle is not None else None
+    atomic.write_text(
+        build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed, bundled)
+    )
     files = builder.file_table(build_dir, hashed)
-    manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed)
+    manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed, bundled)
     atomic.write_json(build_dir / reader.MANIFEST, manifest)
     if key is not None:
         signing.sign(build_dir, p["release"]["signing_key"], name)
@@ -269,6 +361,7 @@ def main() -> None:
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     preflight(items, rec, form)
+    bundle = bundle_preflight(items, rec, form) if p["release"]["layout"] == "bundle" else None
     overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
     if not all(overall[n].get("passed", True) for n in overall):
         raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
@@ -277,7 +370,7 @@ def main() -> None:
     for d in (build_dir, dist_dir):
         shutil.rmtree(d, ignore_errors=True)
     try:
-        manifest = build(build_dir, dist_dir, p, items, rec, snap, form, overall, key)
+        manifest = build(build_dir, dist_dir, p, items, rec, snap, form, overall, key, bundle)
         # the release and its tarball are replaced together, or neither is
         atomic.swap_in_dirs([(build_dir, layout.RELEASE), (dist_dir, layout.DIST)])
     finally:  # nothing half-built stays behind, whatever stopped the build

@@ -478,8 +478,8 @@ def test_remote_round_trip(pipeline, pulled_clone):
 
 
 def test_form_override_reaches_every_stage_that_reads_it(pulled_clone):
-    """`dvc exp run -S form=...` (on one length and one pair, to stay fast): every stage that reads
-    the form reruns with it and records it in what it writes."""
+    """`dvc exp run -S form=...` (on one length and one pair, to stay fast, and the `files` release
+    layout): every stage that reads the form reruns with it and records it in what it writes."""
     repo, form = pulled_clone, "R32+sp+ec+dd+vs6"
     out = dvc(
         repo,
@@ -493,6 +493,8 @@ def test_form_override_reaches_every_stage_that_reads_it(pulled_clone):
         "lengths=[64]",
         "-S",
         "pairs=[{prefix: 64, suffix: 64}]",
+        "-S",
+        "release.layout=files",  # the other layout, end to end: a .tflite per graph
     )
     params = load_params(repo)
     assert params["form"] == form and params["lengths"] == [64]
@@ -506,6 +508,10 @@ def test_form_override_reaches_every_stage_that_reads_it(pulled_clone):
             )
     manifest = json.loads((repo / "artifacts/release/manifest.json").read_text())
     assert manifest["form"] == form and manifest["params"]["form"] == form
+    assert manifest["layout"] == "files" and manifest["bundle"] is None
+    assert {a["file"] for a in manifest["artifacts"].values()} == {"rows/row_L64.tflite", "pairs/pair_P64_S64.tflite"}
+    for art in manifest["artifacts"].values():
+        assert art["dvc_lock"]["md5"] == art["md5"], art["file"]  # the export stage's output, as packaged
     assert [p.name for p in (repo / "artifacts/dist").glob("*" + builder.TARBALL_SUFFIX)] == [
         manifest["name"] + builder.TARBALL_SUFFIX
     ]

@@ -152,6 +152,14 @@ def built(pipeline) -> Path:
     return pipeline["repo"] / "artifacts" / "release"
 
 
+ROW = "row_L64"  # the graph the tampering tests use
+
+
+def graph_file(root: Path, name: str = ROW) -> str:
+    """The release path of the file that holds graph `name` (the bundle, by default)."""
+    return reader.load_manifest(root)["artifacts"][name]["file"]
+
+
 @pytest.fixture
 def release_copy(built, tmp_path) -> Path:
     """A writable copy to tamper with (DVC leaves the release's files read-only)."""
@@ -174,8 +182,20 @@ def test_make_release_output(pipeline, built):
     assert {f: e["sha256"] for f, e in manifest["model"]["snapshot_files"].items()} == {
         e["name"]: e["sha256"] for e in snap["files"]
     }
+    assert manifest["layout"] == p["release"]["layout"] == "bundle"
+    assert not (built / "rows").exists() and not (built / "pairs").exists(), "per-graph copies in a bundle release"
+    bundled = manifest["bundle"]
+    assert {a["file"] for a in manifest["artifacts"].values()} == {bundled["file"]}
+    assert bundled["bytes_over_graph"] <= p["bundle"]["max_bytes_over_graph"]
+    assert set(bundled["identity_vs_own_file"]) == {"cpu", "gpu fp32", "gpu fp16", "gpu mixed"}
+    assert all(
+        v["identical"] and v["signatures_run"] == len(manifest["artifacts"])
+        for v in bundled["identity_vs_own_file"].values()
+    )
+    workspace_bundle = pipeline["repo"] / layout.BUNDLE / Path(bundled["file"]).name
     for path, art in manifest["artifacts"].items():
-        assert art["dvc_lock"]["md5"] == art["md5"], f"{path}: dvc.lock and the packaged file disagree"
+        # the packaged bundle is the one the bundle stage wrote (dvc.lock holds its directory's hash)
+        assert art["dvc_lock"]["stage"] == "bundle" and art["sha256"] == snapshot.sha256_file(workspace_bundle), path
         # the reference record is the one its verify stage computed with the torch model
         computed = pipeline["repo"] / layout.reference_path(Path(path))
         assert manifest["files"][art["reference"]["file"]]["sha256"] == snapshot.sha256_file(computed), path
@@ -185,7 +205,8 @@ def test_make_release_output(pipeline, built):
         # and what running it through the packaged graph (as `clef verify` does) gives, to the last bit
         measured = json.loads((pipeline["repo"] / layout.reference_figures_path(Path(path))).read_text())
         assert measured["record_sha256"] == manifest["files"][ref["file"]]["sha256"], path
-        rerun = references.run_reference(built / path, art["kind"], references.load_reference(built, ref["file"]))
+        record = references.load_reference(built, ref["file"])
+        rerun = references.run_reference(built / art["file"], art["kind"], record, names=art["signature_names"])
         assert (
             (ref["max_rel"], ref["max_rel_per_position"])
             == (
@@ -238,14 +259,15 @@ def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built)
 @pytest.mark.parametrize(
     "tamper, named",
     [
-        ("byte", "changed file: rows/row_L64.tflite"),
+        ("byte", "changed file: GRAPH"),
         ("missing", "missing file: checks/pair_P64_S64.safetensors"),
         ("extra", "extra file: host/notes.txt"),
     ],
 )
 def test_clef_verify_names_a_tampered_file(release_copy, tamper, named):
+    named = named.replace("GRAPH", graph_file(release_copy))
     if tamper == "byte":
-        f = release_copy / "rows" / "row_L64.tflite"
+        f = release_copy / graph_file(release_copy)
         data = bytearray(f.read_bytes())
         data[len(data) // 2] ^= 0x01
         f.write_bytes(bytes(data))
@@ -270,7 +292,7 @@ def test_clef_verify_names_a_tampered_file(release_copy, tamper, named):
         ("reference", "/etc/passwd", "manifest reference record path '/etc/passwd' is absolute"),
         ("file", "../outside.txt", "manifest path '../outside.txt' climbs out"),
         ("symlink", "rows/link.tflite", "manifest graph path 'rows/link.tflite' leaves the release through a symlink"),
-        ("unlisted", "rows/row_L64.tflite", "is not listed in `files`"),
+        ("unlisted", None, "is not listed in `files`"),
     ],
 )
 def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, where, path, named):
@@ -279,18 +301,20 @@ def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, w
     manifest = json.loads((release_copy / reader.MANIFEST).read_text())
     arts = manifest["artifacts"]
     if where == "artifact":
-        arts[path] = arts.pop("rows/row_L64.tflite")
+        arts[ROW]["file"] = path
     elif where == "reference":
-        arts["rows/row_L64.tflite"]["reference"]["file"] = path
+        arts[ROW]["reference"]["file"] = path
     elif where == "file":
         manifest["files"][path] = {"sha256": "0" * 64, "size": 1}
     elif where == "symlink":
         outside = tmp_path / "outside.tflite"
-        outside.write_bytes((release_copy / "rows/row_L64.tflite").read_bytes())
+        outside.write_bytes((release_copy / arts[ROW]["file"]).read_bytes())
+        (release_copy / path).parent.mkdir(exist_ok=True)
         (release_copy / path).symlink_to(outside)
         manifest["files"][path] = {"sha256": snapshot.sha256_file(outside), "size": outside.stat().st_size}
-        arts[path] = arts.pop("rows/row_L64.tflite")
+        arts[ROW]["file"] = path
     else:
+        path = arts[ROW]["file"]
         del manifest["files"][path]
     atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
@@ -300,7 +324,7 @@ def test_clef_verify_reads_nothing_outside_its_release(release_copy, tmp_path, w
 
 @pytest.mark.parametrize("cut", [16, 32, 1000])
 def test_clef_audit_refuses_a_truncated_graph(built, tmp_path, cut):
-    data = (built / "rows/row_L64.tflite").read_bytes()
+    data = (built / graph_file(built)).read_bytes()
     short = tmp_path / "row_L64.tflite"
     short.write_bytes(data[:-cut])
     proc = clef(tmp_path, "audit", str(short))
@@ -320,17 +344,19 @@ def test_clef_verify_runs_the_reference_records(release_copy):
     manifest["files"]["checks/row_L64.safetensors"] = {"sha256": snapshot.sha256_file(ref), "size": ref.stat().st_size}
     atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
-    assert proc.returncode == 1 and "FAIL rows/row_L64.tflite: max rel" in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and "FAIL row_L64: max rel" in proc.stdout, proc.stdout
 
 
 def test_clef_audit_names_revision_and_form(pipeline, built):
     manifest = reader.load_manifest(built)
-    for path, _art in manifest["artifacts"].items():
+    for path in {a["file"] for a in manifest["artifacts"].values()}:
         proc = clef(built, "audit", path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert manifest["model"]["revision"] in proc.stdout and f"form {manifest['form']}" in proc.stdout
         assert re.search(r"commit: +[0-9a-f]{40} \(clean\)", proc.stdout), proc.stdout
         assert "agrees" in proc.stdout and '"form": "' in proc.stdout  # the params it read
+        for name in manifest["artifacts"]:  # a bundle: each graph it holds, by name
+            assert f"graph:     {name}: " in proc.stdout, proc.stdout
     outside = clef(pipeline["repo"], "audit", "artifacts/rows/row_L64.tflite")
     assert outside.returncode == 0 and "none beside this file" in outside.stdout
 
@@ -339,14 +365,14 @@ def test_clef_audit_reports_a_manifest_that_disagrees(release_copy):
     manifest = json.loads((release_copy / reader.MANIFEST).read_text())
     manifest["form"] = "R32+sp+ec+dd+vs6"
     atomic.write_json(release_copy / reader.MANIFEST, manifest)
-    proc = clef(release_copy, "audit", "rows/row_L64.tflite")
+    proc = clef(release_copy, "audit", graph_file(release_copy))
     assert proc.returncode == 1 and "DISAGREES" in proc.stdout and "form is" in proc.stdout, proc.stdout
 
 
 def test_clef_run_row_and_pair(built):
     proc = clef(built.parent, "run", "--release", str(built), "--text", "a decision to make", "--top", "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rows/row_L64.tflite" in proc.stdout and "all finite: True" in proc.stdout
+    assert "row_L64 (" in proc.stdout and "all finite: True" in proc.stdout
     assert proc.stdout.count(") ") >= 3  # three top tokens with their ids
     pair = clef(
         built.parent,
@@ -362,7 +388,9 @@ def test_clef_run_row_and_pair(built):
         "second?",
     )
     assert pair.returncode == 0, pair.stdout + pair.stderr
-    assert "pairs/pair_P64_S64.tflite" in pair.stdout and pair.stdout.count("top lm_head tokens") == 2
+    assert "pair_P64_S64 (" in pair.stdout and pair.stdout.count("top lm_head tokens") == 2
+    chosen = clef(built.parent, "run", "--release", str(built), "--text", "a decision", "--signature", "row_L256")
+    assert chosen.returncode == 0 and "row_L256 (" in chosen.stdout, chosen.stdout + chosen.stderr
 
 
 def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
@@ -381,7 +409,9 @@ def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
     model, _, _ = patch.load(tiny_snapshot, manifest["form"], progress=False)
     with torch.no_grad():
         ref = row_graph.ClefRowPrefill(model, 64)(**record)["hidden"][0, : len(ids)]
-    out = litert_signature(interpreter(built / "rows/row_L64.tflite").get_signature_runner())(**record)["hidden"]
+    art = manifest["artifacts"][ROW]
+    runner = interpreter(built / art["file"]).get_signature_runner(art["signature_names"]["serving_default"])
+    out = litert_signature(runner)(**record)["hidden"]
     from scripts.checks import compare
     from scripts.pipeline import params
 
@@ -403,6 +433,8 @@ def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
             "--pair needs at least one --question",
         ),
         (["run", "--release", "artifacts/rows", "--text", "x"], "is not a release: no manifest.json"),
+        (["run", "--release", "artifacts/release", "--text", "x", "--signature", "row_L7"], "no such signature"),
+        (["run", "--release", "artifacts/release", "--text", "x", "--signature", "prefix_P64_S64"], "needs --pair"),
     ],
 )
 def test_clef_refuses_bad_input_with_one_line(pipeline, args, fragment):
@@ -432,8 +464,9 @@ def rehash(root: Path, names: list[str]) -> None:
     for name in names:
         entry = {"sha256": snapshot.sha256_file(root / name), "size": (root / name).stat().st_size}
         manifest["files"][name] = entry
-        if name in manifest["artifacts"]:
-            manifest["artifacts"][name].update(sha256=entry["sha256"], md5=builder.graph_digests(root / name)["md5"])
+        for art in manifest["artifacts"].values():
+            if art["file"] == name:
+                art.update(sha256=entry["sha256"], md5=builder.graph_digests(root / name)["md5"])
     atomic.write_json(root / reader.MANIFEST, manifest)
 
 
@@ -441,7 +474,7 @@ def forge_commit(root: Path, graph: str) -> str:
     """Rewrite the commit a graph's metadata records to zeros, and its manifest hashes to match."""
     from scripts.litert import tflite_file
 
-    commit = tflite_file.read_metadata(root / graph)["git"]["commit"]
+    commit = reader.graph_metadata(tflite_file.read_metadata(root / graph), ROW)["git"]["commit"]
     data = (root / graph).read_bytes()
     assert data.count(commit.encode()) >= 1
     (root / graph).write_bytes(data.replace(commit.encode(), b"0" * 40))
@@ -457,11 +490,11 @@ def loosen_thresholds(root: Path) -> None:
 
 
 def flip_weight_byte(root: Path) -> None:
-    f = root / "rows" / "row_L64.tflite"
+    f = root / graph_file(root)
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0x01
     f.write_bytes(bytes(data))
-    rehash(root, ["rows/row_L64.tflite"])
+    rehash(root, [graph_file(root)])
 
 
 def test_the_release_is_signed_with_the_params_key(pipeline, built):
@@ -492,14 +525,15 @@ def test_clef_verify_with_the_key(pipeline, built):
     "edit, named, passes_without_key",
     [
         # the issue's forgery: provenance rewritten, hashes updated; the manifest alone cannot see it
-        (lambda r: forge_commit(r, "rows/row_L64.tflite"), ["rows/row_L64.tflite", "manifest.json"], True),
+        (lambda r: forge_commit(r, graph_file(r)), ["GRAPH", "manifest.json"], True),
         # a graph and the manifest edited consistently
-        (flip_weight_byte, ["rows/row_L64.tflite", "manifest.json"], None),
+        (flip_weight_byte, ["GRAPH", "manifest.json"], None),
         # the manifest alone: thresholds loosened
         (loosen_thresholds, ["manifest.json"], True),
     ],
 )
 def test_the_signature_catches_consistent_edits(pipeline, release_copy, edit, named, passes_without_key):
+    named = [graph_file(release_copy) if n == "GRAPH" else n for n in named]
     edit(release_copy)
     if passes_without_key:  # what the release had before it was signed: these edits pass the manifest's checks
         assert clef(release_copy.parent, "verify", str(release_copy)).returncode == 0
@@ -553,10 +587,10 @@ def test_clef_audit_names_the_signing_key(pipeline, built, release_copy):
     from scripts.release import signing
 
     fingerprint = signing.fingerprint(signing.load_public_key(pipeline["public_key"]))
-    proc = clef(built, "audit", "rows/row_L64.tflite")
+    proc = clef(built, "audit", graph_file(built))
     assert proc.returncode == 0 and f"signature: model.sig by key {fingerprint}" in proc.stdout, proc.stdout
     (release_copy / signing.SIGNATURE).unlink()
-    proc = clef(release_copy, "audit", "rows/row_L64.tflite")
+    proc = clef(release_copy, "audit", graph_file(release_copy))
     assert proc.returncode == 1 and "signature: DISAGREES" in proc.stdout and "is missing" in proc.stdout
 
 
@@ -566,7 +600,7 @@ def test_clef_verify_fails_a_figure_far_from_the_recorded_one(release_copy):
     from safetensors.torch import load_file, save_file
 
     manifest = json.loads((release_copy / reader.MANIFEST).read_text())
-    ref = manifest["artifacts"]["rows/row_L64.tflite"]["reference"]
+    ref = manifest["artifacts"][ROW]["reference"]
     drift_bound = ref["max_over_recorded"] * max(ref["max_rel"], reader.FP32_EPS)
     target = (drift_bound * ref["threshold"]) ** 0.5  # halfway between the two bounds, on a log scale
     assert target > 1.3 * drift_bound and target < ref["threshold"] / 1.3, ref  # room between the bounds
@@ -645,3 +679,77 @@ def test_a_refused_release_leaves_no_partial_and_the_previous_release(pipeline_c
     assert_one_line_error(run_stage("release", pipeline_copy), *fragments)
     assert sorted(p.name for p in artifacts.iterdir()) == ["dist", "pairs", "release", "rows"]
     assert {d: tree_hashes(artifacts / d) for d in ("release", "dist")} == before
+
+
+# ---- the bundle ---------------------------------------------------------------------------------
+
+
+def readers_of_largest_weight(path: Path) -> tuple[int, set[str]]:
+    """The file offset of the bundle's largest constant, and the signatures whose subgraph reads it."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    data = path.read_bytes()
+    model = schema.Model.GetRootAs(data, 0)
+    sizes = {i: model.Buffers(i).Size() for i in range(model.BuffersLength()) if model.Buffers(i).Offset() > 1}
+    largest = max(sizes, key=sizes.get)
+    readers = set()
+    for s in range(model.SignatureDefsLength()):
+        sig = model.SignatureDefs(s)
+        sg = model.Subgraphs(sig.SubgraphIndex())
+        if any(sg.Tensors(t).Buffer() == largest for t in range(sg.TensorsLength())):
+            readers.add(sig.SignatureKey().decode())
+    return model.Buffers(largest).Offset(), readers
+
+
+def test_a_flipped_byte_in_a_shared_weight_fails_every_graph_that_reads_it(release_copy):
+    """The bundle stores each weight once: one flipped byte (the manifest rehashed to match, as a
+    consistent edit) must fail clef verify for every graph whose signatures read that weight."""
+    file = graph_file(release_copy)
+    offset, readers = readers_of_largest_weight(release_copy / file)
+    manifest = reader.load_manifest(release_copy)
+    failing = {n for n, a in manifest["artifacts"].items() if set(a["signature_names"].values()) & readers}
+    assert len(readers) > 1 and failing == set(manifest["artifacts"]), (readers, failing)  # read by every signature
+    data = bytearray((release_copy / file).read_bytes())
+    data[offset + 3] ^= 0x40  # the high byte of the first float: its exponent
+    (release_copy / file).write_bytes(bytes(data))
+    rehash(release_copy, [file])
+    proc = clef(release_copy.parent, "verify", str(release_copy))
+    assert proc.returncode == 1, proc.stdout
+    for name in failing:
+        assert f"FAIL {name}: max rel" in proc.stdout, (name, proc.stdout)
+
+
+def test_clef_verify_refuses_a_bundle_whose_signatures_the_manifest_does_not_name(release_copy):
+    manifest = json.loads((release_copy / reader.MANIFEST).read_text())
+    manifest["artifacts"][ROW]["signature_names"] = {"serving_default": "row_L999"}
+    atomic.write_json(release_copy / reader.MANIFEST, manifest)
+    proc = clef(release_copy.parent, "verify", str(release_copy))
+    file = graph_file(release_copy)
+    assert proc.returncode == 1, proc.stdout
+    assert f"FAIL {file}: no signature 'row_L999', which the manifest names" in proc.stdout, proc.stdout
+    assert f"FAIL {file}: signature 'row_L64' is not named by the manifest" in proc.stdout, proc.stdout
+
+
+def test_the_release_stage_refuses_a_bundle_that_is_not_of_the_graphs_there(pipeline):
+    """Params asking for other lengths, and a graph file changed after the bundle was made from it: one
+    line each, and the release already built stays as it was."""
+    repo = pipeline["repo"]
+    before = snapshot.sha256_file(repo / "artifacts/release/manifest.json")
+    params_text = (repo / "params.yaml").read_text()
+    try:
+        (repo / "params.yaml").write_text(params_text.replace("lengths: [64, 128, 256]", "lengths: [64, 128]"))
+        assert_one_line_error(run_stage("release", repo), "params.yaml asks for", "rerun the bundle stage")
+    finally:
+        (repo / "params.yaml").write_text(params_text)
+    graph = repo / layout.row_path(128)
+    original = graph.read_bytes()
+    try:
+        graph.unlink()  # a DVC-cached file is a read-only hard link: replaced, never written through
+        graph.write_bytes(original + bytes(64))
+        assert_one_line_error(
+            run_stage("release", repo), f"{layout.row_path(128)} is not the file the bundle", "rerun the bundle stage"
+        )
+    finally:
+        graph.unlink()
+        graph.write_bytes(original)
+    assert snapshot.sha256_file(repo / "artifacts/release/manifest.json") == before

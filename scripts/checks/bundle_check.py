@@ -50,11 +50,6 @@ def planned(lengths: list[int], pairs: list[dict]) -> list[Graph]:
     return out
 
 
-def renamed(signature, names: dict[str, str]):
-    """`signature(name)` over a bundle, called with a graph's own names (None: a row's only one)."""
-    return lambda name: signature(names[name if name is not None else next(iter(names))])
-
-
 def run_record(signature, kind: str, record: dict) -> tuple[dict, dict]:
     """The reference record through `signature` (references.reference_error's) -> its figures, and
     every output of every signature it ran, as {"<signature>.<output>": tensor}."""

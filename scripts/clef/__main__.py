@@ -28,6 +28,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--pair", action="store_true", help="run --text as a shared prefix and each --question after it")
     run.add_argument("--question", action="append", default=[], help="a question for --pair (repeatable)")
     run.add_argument("--top", type=int, default=5, help="lm_head tokens to show (default: %(default)s)")
+    run.add_argument(
+        "--signature",
+        help="the graph to run, by its name (row_L128) or a signature's (prefix_P256_S64); "
+        "default: the smallest that fits",
+    )
     run.add_argument("--gpu", action="store_true", help="run on LiteRT's GPU accelerator alone (default: the CPU)")
     run.add_argument(
         "--precision",

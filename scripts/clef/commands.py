@@ -63,19 +63,34 @@ def smallest(candidates: list, fits, what: str, need: str):
     return fitting[0]
 
 
-def graph_signatures(path: Path, gpu: bool, precision: str | None):
-    """`signature(name)` over a release graph (None: its only signature), each a callable on named torch
-    tensors: LiteRT's interpreter on the CPU, or the graph compiled for the GPU accelerator alone in
+def graph_signatures(root: Path, art: dict, gpu: bool, precision: str | None):
+    """`signature(name)` over a release graph, by the graph's own signature names (None: a row's only
+    one), in the file that holds it (a bundle: under its names there), each a callable on named torch
+    tensors: LiteRT's interpreter on the CPU, or the file compiled for the GPU accelerator alone in
     `precision` (through LiteRT's C API, scripts/litert/gpu_accelerator.py)."""
+    path = root / art["file"]
     if not gpu:
         from scripts.checks.tflite_check import interpreter
 
-        return references.interpreter_signature(interpreter(path))
+        return references.renamed(references.interpreter_signature(interpreter(path)), art["signature_names"])
     from scripts.litert import gpu_accelerator, tflite_file
 
     compiled = gpu_accelerator.compile(path, precision, tflite_file.census(path))
     progress(f"{path.name}: compiled for the GPU accelerator alone in {precision} on {compiled.adapter}")
-    return compiled.signature
+    return references.renamed(compiled.signature, art["signature_names"])
+
+
+def chosen(arts: dict, signature: str, kind: str) -> tuple[str, dict]:
+    """The graph --signature names (a graph's name, e.g. row_L128, or one of its signatures' names in the
+    release, e.g. prefix_P256_S64), which must be of `kind`."""
+    for name, art in arts.items():
+        if signature == name or signature in art["signature_names"].values():
+            if art["kind"] != kind:
+                need = "--pair" if art["kind"] == "pair" else "no --pair"
+                raise ClefError(f"--signature {signature} is a {art['kind']}'s: it needs {need}")
+            return name, art
+    known = sorted(n for a in arts.values() for n in a["signature_names"].values())
+    raise ClefError(f"--signature {signature}: no such signature in this release (it has {', '.join(known)})")
 
 
 def gpu_precision(args) -> str | None:
@@ -114,17 +129,22 @@ def run(args) -> int:
         raise ClefError("--text has no tokens")
     if not args.pair:
         rows = sorted((a for a in arts.items() if a[1]["kind"] == "row"), key=lambda a: a[1]["L"])
-        path, art = smallest(
-            rows,
-            lambda a: a[1]["L"] >= len(ids),
-            "row graph",
-            f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})",
-        )
-        signature = graph_signatures(root / path, args.gpu, precision)
+        if args.signature:
+            path, art = chosen(arts, args.signature, "row")
+            if art["L"] < len(ids):
+                raise ClefError(f"{len(ids)} tokens do not fit --signature {args.signature} (L={art['L']})")
+        else:
+            path, art = smallest(
+                rows,
+                lambda a: a[1]["L"] >= len(ids),
+                "row graph",
+                f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})",
+            )
+        signature = graph_signatures(root, art, args.gpu, precision)
         out = signature(None)(**host.record(ids, art["L"]))["hidden"]
         last = out[0, len(ids) - 1]
         print(
-            f"{path}: {len(ids)} tokens in L={art['L']} "
+            f"{path} ({art['file']}): {len(ids)} tokens in L={art['L']} "
             f"(form {manifest['form']}, revision {manifest['model']['revision'][:12]}; "
             f"{f'GPU {precision}' if args.gpu else 'CPU'})"
         )
@@ -139,13 +159,15 @@ def run(args) -> int:
         raise ClefError("a --question has no tokens")
     pairs = sorted((a for a in arts.items() if a[1]["kind"] == "pair"), key=lambda a: (a[1]["P"], a[1]["S"]))
     longest = max(len(q) for q in questions)
-    path, art = smallest(
-        pairs,
-        lambda a: a[1]["P"] >= len(ids) and a[1]["S"] >= longest,
-        "pair",
-        f"a context of {len(ids)} tokens and a question of {longest}",
-    )
-    signature = graph_signatures(root / path, args.gpu, precision)
+    fits = lambda a: a[1]["P"] >= len(ids) and a[1]["S"] >= longest  # noqa: E731
+    need = f"a context of {len(ids)} tokens and a question of {longest}"
+    if args.signature:
+        path, art = chosen(arts, args.signature, "pair")
+        if not fits((path, art)):
+            raise ClefError(f"{need} do not fit --signature {args.signature} (P={art['P']}, S={art['S']})")
+    else:
+        path, art = smallest(pairs, fits, "pair", need)
+    signature = graph_signatures(root, art, args.gpu, precision)
     shapes = {e["name"]: e["shape"] for e in art["signatures"]["suffix"]["inputs"] if e["name"] not in TOKEN_INPUTS}
     runner = PairRunner(
         host,
@@ -158,7 +180,8 @@ def run(args) -> int:
     )
     hidden, state = runner.prefix(ids)
     print(
-        f"{path}: context of {len(ids)} tokens in P={art['P']} ({f'GPU {precision}' if args.gpu else 'CPU'}); "
+        f"{path} ({art['file']}): context of {len(ids)} tokens in P={art['P']} "
+        f"({f'GPU {precision}' if args.gpu else 'CPU'}); "
         f"context's last position: {summarize(hidden[0, -1])}"
     )
     for text, q in zip(args.question, questions, strict=True):
@@ -223,27 +246,42 @@ def verify(args) -> int:
         print(f"verify: {len(problems)} problems; the graphs were not run (a changed file is not safe to load)")
         return 1
     arts = manifest["artifacts"]
-    for i, (path, art) in enumerate(sorted(arts.items()), 1):
-        progress(f"[{i}/{len(arts)}] {path}: metadata, reference record in the interpreter")
-        bad = tflite_file.metadata_mismatches(
-            tflite_file.read_metadata(root / path), reader.expected_metadata(manifest, art)
-        )
-        if bad:
-            problems.append(f"{path}: metadata disagrees with the manifest: {'; '.join(bad)}")
+    by_file: dict[str, list[str]] = {}
+    for name in sorted(arts):
+        by_file.setdefault(arts[name]["file"], []).append(name)
+    done = 0
+    for file, names in by_file.items():
+        census = tflite_file.census(root / file)
+        found = reader.bundle_problems(census, file, arts)
+        if found:
+            problems += found
             continue
-        ref = art["reference"]
-        record = references.load_reference(root, ref["file"])
-        measured = references.run_reference(root / path, art["kind"], record)
-        found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
-        print(
-            f"{'FAIL' if found else 'ok  '} {path}: max rel {measured['rel_vs_expected']:.2e}, per position "
-            f"{measured['rel_per_position_vs_expected']:.2e} vs the release's {ref['max_rel']:.2e}, "
-            f"{ref['max_rel_per_position']:.2e} (thresholds {ref['threshold']:g}, {ref['threshold_per_position']:g}; "
-            f"at most {ref['max_over_recorded']:g}x the release's)"
-        )
-        problems += [f"{path}: reference record: {line}" for line in found]
-        if args.gpu:
-            problems += verify_on_gpu(root / path, path, art, record)
+        meta = tflite_file.read_metadata(root / file)
+        records = {}
+        for name in names:
+            done += 1
+            art = arts[name]
+            progress(f"[{done}/{len(arts)}] {name} ({file}): metadata, reference record in the interpreter")
+            bad = tflite_file.metadata_mismatches(
+                reader.graph_metadata(meta, name), reader.expected_metadata(manifest, art)
+            )
+            if bad:
+                problems.append(f"{name}: metadata disagrees with the manifest: {'; '.join(bad)}")
+                continue
+            ref = art["reference"]
+            records[name] = references.load_reference(root, ref["file"])
+            measured = references.run_reference(root / file, art["kind"], records[name], names=art["signature_names"])
+            found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
+            print(
+                f"{'FAIL' if found else 'ok  '} {name}: max rel {measured['rel_vs_expected']:.2e}, per position "
+                f"{measured['rel_per_position_vs_expected']:.2e} vs the release's {ref['max_rel']:.2e}, "
+                f"{ref['max_rel_per_position']:.2e} (thresholds {ref['threshold']:g}, "
+                f"{ref['threshold_per_position']:g}; "
+                f"at most {ref['max_over_recorded']:g}x the release's)"
+            )
+            problems += [f"{name}: reference record: {line}" for line in found]
+        if args.gpu and records:
+            problems += verify_on_gpu(root / file, census, {n: arts[n] for n in records}, records)
     for line in problems:
         print(f"FAIL {line}")
     print(
@@ -253,56 +291,62 @@ def verify(args) -> int:
     return 1 if problems else 0
 
 
-def verify_on_gpu(file: Path, path: str, art: dict, record: dict) -> list[str]:
-    """The reference record through every signature on LiteRT's GPU accelerator alone, in every mode
-    (each shown by its effect on the precision probe first): fp32 held to the reference thresholds,
-    fp16 and mixed to being finite; each beside what the release's verify_gpu measured."""
-    from scripts.litert import gpu_accelerator, tflite_file
+def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict) -> list[str]:
+    """Each graph's reference record through its signatures on LiteRT's GPU accelerator alone, the file
+    compiled once per mode (each mode shown by its effect on the precision probe first): fp32 held to the
+    reference thresholds, fp16 and mixed to being finite; each beside what the release's verify_gpu
+    measured."""
+    from scripts.litert import gpu_accelerator
 
-    ref, gpu = art["reference"], art.get("gpu") or {}
-    recorded_modes = gpu.get("modes") or {}
     problems = []
     for mode in gpu_accelerator.MODES:
         try:
             gpu_accelerator.prove_mode(mode)
-            compiled = gpu_accelerator.compile(file, mode, tflite_file.census(file))
+            compiled = gpu_accelerator.compile(file, mode, census)
         except ClefError as exc:
             if "no Vulkan adapter" in str(exc):
                 raise
-            problems.append(f"{path}: GPU {mode}: {exc}")
-            print(f"FAIL {path}: GPU {mode}: {exc}")
+            problems.append(f"{file.name}: GPU {mode}: {exc}")
+            print(f"FAIL {file.name}: GPU {mode}: {exc}")
             continue
         try:
-            figures = references.reference_error(compiled.signature, art["kind"], record)
+            for name, art in arts.items():
+                signature = references.renamed(compiled.signature, art["signature_names"])
+                figures = references.reference_error(signature, art["kind"], records[name])
+                problems += gpu_figures(name, art, mode, figures, compiled)
         finally:
             compiled.close()
-        measured = figures["rel_vs_expected"]
-        at_release = recorded_modes.get(mode)
-        if mode == "fp32":
-            ok = not reader.reference_problems(figures, ref)
-            recorded = (
-                f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
-            )
-            bound = f"thresholds {ref['threshold']:g}, per position {ref.get('threshold_per_position', float('nan')):g}"
-        else:
-            ok = measured < float("inf")
-            recorded = (
-                f"the release's verify_gpu: {at_release['max_rel_vs_f64']:.2e} vs float64, "
-                f"{at_release['over_floor']:.2f}x the floor {at_release['floor_max_rel_vs_f64']:.2e}"
-                if at_release
-                else "not measured at release"
-            )
-            bound = "finite"
-        print(
-            f"{'ok  ' if ok else 'FAIL'} {path}: GPU {mode} on {compiled.adapter}: max rel vs expected {measured:.2e} "
-            f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})"
-        )
-        if not ok or not compiled.fully_accelerated:
-            problems.append(
-                f"{path}: GPU {mode}: reference record error {measured:.3g} ({bound}), "
-                f"fully accelerated {compiled.fully_accelerated}"
-            )
     return problems
+
+
+def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled) -> list[str]:
+    """One graph's reference record error in one GPU mode, printed beside the release's; -> problems."""
+    ref, gpu = art["reference"], art.get("gpu") or {}
+    at_release = (gpu.get("modes") or {}).get(mode)
+    measured = figures["rel_vs_expected"]
+    if mode == "fp32":
+        ok = not reader.reference_problems(figures, ref)
+        recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
+        bound = f"thresholds {ref['threshold']:g}, per position {ref.get('threshold_per_position', float('nan')):g}"
+    else:
+        ok = measured < float("inf")
+        recorded = (
+            f"the release's verify_gpu: {at_release['max_rel_vs_f64']:.2e} vs float64, "
+            f"{at_release['over_floor']:.2f}x the floor {at_release['floor_max_rel_vs_f64']:.2e}"
+            if at_release
+            else "not measured at release"
+        )
+        bound = "finite"
+    print(
+        f"{'ok  ' if ok else 'FAIL'} {name}: GPU {mode} on {compiled.adapter}: max rel vs expected {measured:.2e} "
+        f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})"
+    )
+    if ok and compiled.fully_accelerated:
+        return []
+    return [
+        f"{name}: GPU {mode}: reference record error {measured:.3g} ({bound}), "
+        f"fully accelerated {compiled.fully_accelerated}"
+    ]
 
 
 # ---- audit -------------------------------------------------------------------------------------
@@ -331,14 +375,51 @@ def audit(args) -> int:
         raise ClefError(f"{path} is not a readable .tflite flatbuffer") from None
     if meta is None:
         raise ClefError(f"{path} has no clef_litert metadata: it was not produced by clef-litert")
-    shape = {k: meta[k] for k in ("L", "P", "S") if k in meta}
-    git = meta.get("git", {})
+    bundled = meta.get("kind") == "bundle"
+    graphs = (meta.get("graphs") or {}) if bundled else {None: meta}
     digest = sha256_file(path)
     print(f"file:      {path} ({path.stat().st_size} bytes, sha256 {digest[:16]})")
     print(f"model:     {meta['repo']} revision {meta['revision']} (source {meta['source']})")
+    if bundled:
+        names = sorted(n for g in graphs.values() for n in g.get("signatures", {}).values())
+        print(f"bundle:    {len(graphs)} graphs, form {meta['form']}, signatures {', '.join(names)}")
+    for name, graph in graphs.items():
+        print_graph(name, graph)
+    root = find_manifest(path)
+    if root is None:
+        print("manifest:  none beside this file")
+        return 0
+    manifest = reader.load_manifest(root)
+    rel = str(path.resolve().relative_to(root.resolve()))
+    held = {n: a for n, a in manifest["artifacts"].items() if a.get("file") == rel}
+    disagree = []
+    if not held:
+        disagree.append(f"{rel} is not listed")
+    elif any(a["sha256"] != digest for a in held.values()):
+        disagree.append("its sha256 differs from the manifest's")
+    else:
+        disagree += reader.bundle_problems(tflite_file.census(path), rel, manifest["artifacts"])
+        for name, art in held.items():
+            found = tflite_file.metadata_mismatches(
+                reader.graph_metadata(meta, name), reader.expected_metadata(manifest, art)
+            )
+            disagree += [f"{name}: {line}" if bundled else line for line in found]
+    if disagree:
+        print(f"manifest:  {root / reader.MANIFEST} DISAGREES: {'; '.join(disagree)}")
+        return 1
+    print(f"manifest:  {root / reader.MANIFEST} agrees (sha256, revision, form, shape)")
+    return audit_signature(root, manifest)
+
+
+def print_graph(name: str | None, meta: dict) -> None:
+    """What one graph's metadata says of it (a bundle's: each graph's entry, named)."""
+    shape = {k: meta[k] for k in ("L", "P", "S") if k in meta}
+    git = meta.get("git", {})
+    signatures = f"; signatures {', '.join(meta['signatures'].values())}" if meta.get("signatures") else ""
     print(
-        f"graph:     {meta.get('kind')} {' '.join(f'{k}={v}' for k, v in shape.items())}, form {meta['form']}, "
-        f"contract v{meta['contract_version']}"
+        f"graph:     {name + ': ' if name else ''}{meta.get('kind')} "
+        f"{' '.join(f'{k}={v}' for k, v in shape.items())}, form {meta['form']}, "
+        f"contract v{meta['contract_version']}{signatures}"
     )
     changed = git.get("changed", [])
     more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
@@ -346,25 +427,6 @@ def audit(args) -> int:
     print(f"commit:    {git.get('commit')} ({tree[git.get('clean')]})")
     print(f"params:    {json.dumps(meta.get('params'), sort_keys=True)}")
     print(f"versions:  {', '.join(f'{k} {v}' for k, v in sorted(meta['versions'].items()))}")
-    root = find_manifest(path)
-    if root is None:
-        print("manifest:  none beside this file")
-        return 0
-    manifest = reader.load_manifest(root)
-    rel = str(path.resolve().relative_to(root.resolve()))
-    art = manifest["artifacts"].get(rel)
-    disagree = []
-    if art is None:
-        disagree.append(f"{rel} is not listed")
-    else:
-        if art["sha256"] != digest:
-            disagree.append("its sha256 differs from the manifest's")
-        disagree += tflite_file.metadata_mismatches(meta, reader.expected_metadata(manifest, art))
-    if disagree:
-        print(f"manifest:  {root / reader.MANIFEST} DISAGREES: {'; '.join(disagree)}")
-        return 1
-    print(f"manifest:  {root / reader.MANIFEST} agrees (sha256, revision, form, shape)")
-    return audit_signature(root, manifest)
 
 
 def audit_signature(root: Path, manifest: dict) -> int:

@@ -34,6 +34,7 @@ def gpu_depth(layers: str, source: str) -> str:
 
 
 HOST_WEIGHT_MODES = ("include", "reference")
+RELEASE_LAYOUTS = ("bundle", "files")  # one .tflite with every signature, or a .tflite per graph
 REVISION = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -265,7 +266,12 @@ SCHEMA = {
     ),
     "bundle": mapping({"max_bytes_over_graph": factor, "memory_goal_over_graph": factor}),
     "release": mapping(
-        {"host_weights": one_of(*HOST_WEIGHT_MODES), "signing_key": optional_path, "max_over_recorded": factor}
+        {
+            "host_weights": one_of(*HOST_WEIGHT_MODES),
+            "signing_key": optional_path,
+            "max_over_recorded": factor,
+            "layout": one_of(*RELEASE_LAYOUTS),
+        }
     ),
 }
 

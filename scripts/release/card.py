@@ -81,10 +81,16 @@ def signing_lines(signed: dict) -> list[str]:
     ]
 
 
-def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall: dict, signed: dict) -> str:
+def own_file(artifact: dict, bundle: dict | None) -> str:
+    """The bytes and sha256 cells of a graph's row: its own file's, or empty (the bundle's row has them)."""
+    return " | " if bundle else f"{artifact['bytes']} | `{artifact['sha256'][:16]}`"
+
+
+def render(
+    name: str, rec: dict, form: str, host: dict, artifacts: dict, overall: dict, signed: dict, bundle: dict | None
+) -> str:
     rows = sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
     pairs = sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: (a["P"], a["S"]))
-    path_of = {id(a): p for p, a in artifacts.items()}
     out = [
         f"# {name}",
         "",
@@ -97,15 +103,27 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
         "| file | what it is | bytes | sha256 (first 16) |",
         "|---|---|---|---|",
     ]
-    for a in rows:
+    if bundle is not None:
+        share = bundle["sharing"]
         out.append(
-            f"| `{path_of[id(a)]}` | row graph, L={a['L']}: final-norm hidden states of every position | "
-            f"{a['bytes']} | `{a['sha256'][:16]}` |"
+            f"| `{bundle['file']}` | every graph below as signatures of one model over one copy of the weights "
+            f"({len(bundle['signatures'])} signatures; constants {share['constant_bytes']} bytes, "
+            f"{share['part_constant_bytes']} as separate graphs) | {bundle['bytes']} | `{bundle['sha256'][:16]}` |"
+        )
+    for a in rows:
+        where = f"signature `{a['signature_names']['serving_default']}` of the bundle" if bundle else "its own file"
+        out.append(
+            f"| `{a['file']}` | row graph, L={a['L']}: final-norm hidden states of every position ({where}) | "
+            f"{own_file(a, bundle)} |"
         )
     for a in pairs:
+        names = a["signature_names"]
+        where = (
+            f"signatures `{names['prefix']}`, `{names['suffix']}` of the bundle" if bundle else "`prefix` and `suffix`"
+        )
         out.append(
-            f"| `{path_of[id(a)]}` | shared-state pair, P={a['P']}, S={a['S']}: `prefix` and `suffix` "
-            f"signatures over one copy of the weights | {a['bytes']} | `{a['sha256'][:16]}` |"
+            f"| `{a['file']}` | shared-state pair, P={a['P']}, S={a['S']}: {where} over one copy of the weights | "
+            f"{own_file(a, bundle)} |"
         )
     if host["weights"] == "include":
         host_weights = "embed_tokens and lm_head (bf16) in `host/model.safetensors`"
@@ -150,12 +168,13 @@ def render(name: str, rec: dict, form: str, host: dict, artifacts: dict, overall
         "clef verify .                      # every hash, every signature on its reference record",
         'clef run --release . --text "..."  # smallest row graph that fits; top lm_head tokens',
         'clef run --release . --pair --text "shared context" --question "q1" --question "q2"',
-        "clef audit rows/<file>.tflite      # what produced a graph, from its own metadata",
+        "clef audit <file>.tflite           # what produced a graph (a bundle: each of its graphs), from its metadata",
         "```",
         "",
         "Without clef: tokenize with `host/tokenizer.json`, take the bf16 `embed_tokens` rows as fp32, build the "
         "cos/sin tables for positions (i, i, i) with the config's M-RoPE settings, right-pad to L with zero "
-        "rows and `valid` 0, run the `serving_default` signature, and multiply the hidden state of the last "
+        "rows and `valid` 0, run the row graph's signature (`row_L<L>` in the bundle, `serving_default` in a "
+        "graph's own file), and multiply the hidden state of the last "
         "real position by `lm_head`.",
         "",
         "## Verification",

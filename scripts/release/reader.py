@@ -1,10 +1,12 @@
 """Reading a release: its format, the manifest's checks (paths confined to the release, every file's
 hash), the graphs' expected identity, and the bounds `clef verify` holds the reference records to.
 
-The release's layout (artifacts/release/): manifest.json, README.md (the model card), rows/ and pairs/
-(.tflite), host/ (config, tokenizer, embed_tokens + lm_head), checks/ (one reference record per graph,
-scripts/release/references.py: its inputs and torch's output, held to the threshold the manifest
-promises), and, when signed, model.sig (scripts/release/signing.py), the one file the manifest cannot list.
+The release's layout (artifacts/release/): manifest.json, README.md (the model card), the graphs (by
+default bundle/<name>.tflite, every row and pair signature over one copy of the weights; with
+release.layout `files`, rows/ and pairs/, a .tflite each), host/ (config, tokenizer, embed_tokens +
+lm_head), checks/ (one reference record per graph, scripts/release/references.py: its inputs and torch's
+output, held to the threshold the manifest promises), and, when signed, model.sig
+(scripts/release/signing.py), the one file the manifest cannot list.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import checkpoint_layout
 from scripts.release.signing import SIGNATURE
 
-FORMAT = "clef-litert-release/2"  # 2: `signing`, and `max_over_recorded` in every reference entry
+# 2: `signing`, and `max_over_recorded` in every reference entry; 3: `artifacts` keyed by graph name, each
+# naming the `file` that holds it and its `signature_names` there (a bundle holds them all), `layout`, `bundle`
+FORMAT = "clef-litert-release/3"
 
 
 MANIFEST = "manifest.json"
@@ -87,6 +91,24 @@ def drift_problems(figures: dict, reference: dict) -> list[str]:
     return out
 
 
+def graph_metadata(meta: dict | None, name: str) -> dict | None:
+    """A graph's own metadata from the metadata of the file that holds it: the file's, or, in a bundle,
+    the entry the bundle keeps for that graph (None where it has none)."""
+    if meta is not None and meta.get("kind") == "bundle":
+        return (meta.get("graphs") or {}).get(name)
+    return meta
+
+
+def bundle_problems(census: dict, file: str, artifacts: dict) -> list[str]:
+    """A file's signatures against the manifest's graphs it holds: one line per signature the manifest
+    names and the file lacks, and per signature the file has that no graph of the manifest names."""
+    named = {n for a in artifacts.values() if a.get("file") == file for n in (a.get("signature_names") or {}).values()}
+    have = set(census["signatures"])
+    return [f"{file}: no signature {n!r}, which the manifest names" for n in sorted(named - have)] + [
+        f"{file}: signature {n!r} is not named by the manifest" for n in sorted(have - named)
+    ]
+
+
 def expected_metadata(manifest: dict, artifact: dict) -> dict:
     """What a release's graph must say of itself (tflite_file.read_metadata) given its manifest entry."""
     return {
@@ -127,7 +149,7 @@ def outside(root: Path, name) -> str | None:
 
 
 def check_paths(root: Path, manifest: dict) -> list[str]:
-    """Every path the manifest names (`files`, the `artifacts` keys, the reference records) must lie
+    """Every path the manifest names (`files`, each artifact's `file`, the reference records) must lie
     inside the release and be listed in `files` with its hash: one line per path that does not.
     Checked before anything is hashed or loaded, so no path can make clef read outside the release."""
     files = manifest.get("files")
@@ -137,9 +159,10 @@ def check_paths(root: Path, manifest: dict) -> list[str]:
     artifacts = manifest.get("artifacts")
     if not isinstance(artifacts, dict):
         return problems + ["manifest: `artifacts` is not a table of the release's graphs"]
-    for name, art in artifacts.items():
+    for art in artifacts.values():
+        graph = art.get("file") if isinstance(art, dict) else None
         reference = art.get("reference", {}).get("file") if isinstance(art, dict) else None
-        for what, path in (("graph", name), ("reference record", reference)):
+        for what, path in (("graph", graph), ("reference record", reference)):
             why = outside(root, path)
             if why:
                 problems.append(f"manifest {what} path {path!r} {why}")

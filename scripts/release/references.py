@@ -67,11 +67,19 @@ def reference_error(signature, kind: str, record: dict) -> dict:
     return compare.figures("vs_expected", out[:, : expected.shape[1]], expected)
 
 
-def run_reference(path: Path, kind: str, record: dict, threads: int | None = None) -> dict:
-    """reference_error in the LiteRT interpreter."""
+def run_reference(path: Path, kind: str, record: dict, threads: int | None = None, names: dict | None = None) -> dict:
+    """reference_error in the LiteRT interpreter; `names`: the graph's signatures are these in the file
+    (a bundle's: renamed)."""
     from scripts.checks.tflite_check import interpreter
 
-    return reference_error(interpreter_signature(interpreter(path, threads)), kind, record)
+    signature = interpreter_signature(interpreter(path, threads))
+    return reference_error(renamed(signature, names) if names else signature, kind, record)
+
+
+def renamed(signature, names: dict[str, str]):
+    """`signature(name)` over a file that holds a graph's signatures under other names (a bundle),
+    called with the graph's own names (None: a row's only one) -> the file's."""
+    return lambda name: signature(names[name if name is not None else next(iter(names))])
 
 
 def interpreter_signature(graph):
