@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed
+.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory
 
 env: $(STAMP) vulkan
 
@@ -42,7 +42,7 @@ lint: env
 	ruff format --check
 
 test: env lint
-	python -m pytest -q
+	python -m pytest -q --durations=30
 
 # The fast tier, for a change to one module: every test but those that need the whole pipeline run
 # (marked `pipeline` by tests/conftest.py) or convert graphs (marked `slow`).
@@ -72,3 +72,8 @@ gpu-parts: env
 # copies of verify_gpu's records, and the first decoder layer traced part by part (after make release).
 gpu-mixed: env
 	python -m scripts.bench.gpu_mixed
+
+# results/bundle_memory.json: memory with every signature of a bundle compiled against one graph's, on a toy
+# whose weights dominate (64 MiB), CPU and GPU accelerators. A benchmark: not part of `make test`.
+bundle-memory: env
+	python -m scripts.bench.bundle_memory

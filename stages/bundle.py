@@ -9,7 +9,7 @@ and the largest graph, each compiled with every signature run once, in a process
 
 Refuses, before merging, a graph that is missing, whose metadata names another revision, form or shape,
 or whose reference record is missing; the bundle's metadata records each graph's metadata, the names of
-its signatures in the bundle and the sha256 of the file it came from. Fails, leaving
+its signatures in the bundle and the fingerprint of the file it came from (size, sha256 of its head). Fails, leaving
 the previous bundle in place, on a census violation, a bundle over bundle.max_bytes_over_graph x the
 largest graph, an output that differs, or a signature the GPU accelerator does not run whole.
 """
@@ -39,8 +39,8 @@ def preflight(graphs: list, rec: dict, form: str) -> dict:
         bad = tflite_file.metadata_mismatches(meta, want)
         if bad:
             raise ClefError(f"{g.path}: metadata {'; '.join(bad)}; rerun its export stage")
-        # the file's own hash: the release refuses a bundle whose parts are not the graphs it has
-        metas[g.name] = {**meta, "signatures": g.signatures, "sha256": snapshot.sha256_file(g.path)}
+        # which file it was: the release refuses a bundle whose parts are not the graphs it has
+        metas[g.name] = {**meta, "signatures": g.signatures, "file": bundle.fingerprint(g.path)}
     return metas
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scripts.checkpoint import snapshot
 from scripts.layers import kernel_form
-from scripts.litert import tflite_file
+from scripts.litert import bundle, tflite_file
 from scripts.pipeline import atomic, layout, params, provenance
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.qwen35.host import Host
@@ -140,7 +140,7 @@ def bundle_preflight(items: list[dict], rec: dict, form: str) -> Path:
             f"{path}: signatures {sorted(have ^ named)} are missing or not asked for: rerun the bundle stage"
         )
     for it in items:
-        if snapshot.sha256_file(it["path"]) != graphs[it["name"]].get("sha256"):
+        if bundle.fingerprint(it["path"]) != graphs[it["name"]].get("file"):
             raise ClefError(
                 f"{it['path']} is not the file the bundle {path.name} was made from: rerun the bundle stage"
             )
@@ -149,14 +149,14 @@ def bundle_preflight(items: list[dict], rec: dict, form: str) -> Path:
     return path
 
 
-def place_graphs(items: list[dict], build: Path, lock: dict, mode: str, bundle: Path | None) -> dict[str, dict]:
+def place_graphs(items: list[dict], build: Path, lock: dict, mode: str, merged: Path | None) -> dict[str, dict]:
     """The graph files into the release, each hashed once -> {graph name: the file holding it: its
     release path, digests, bytes, the dvc.lock stage and md5 that produced it, and the graph's
     signature names in it}."""
     holders = {}
     if mode == "bundle":
-        rel = f"bundle/{bundle.name}"
-        builder.place(bundle, build / rel)
+        rel = f"bundle/{merged.name}"
+        builder.place(merged, build / rel)
         held = {"file": rel, **builder.graph_digests(build / rel), "bytes": (build / rel).stat().st_size}
         held["dvc_lock"] = {"stage": "bundle", "md5": lock.get("bundle", {}).get("outs", {}).get(str(layout.BUNDLE))}
         return {it["name"]: {**held, "signature_names": it["signatures"]} for it in items}
@@ -320,7 +320,7 @@ def build(
     form: str,
     overall: dict,
     key,
-    bundle: Path | None,
+    merged: Path | None,
 ) -> dict:
     """The release into build_dir (signed when `key`, the loaded release.signing_key, is not None) and
     its tarball into dist_dir -> the manifest."""
@@ -328,7 +328,7 @@ def build(
     build_dir.mkdir(parents=True)
     host_section = builder.host_files(snap, host, build_dir, p["release"]["host_weights"])
     lock = builder.lock_stages()
-    holders = place_graphs(items, build_dir, lock, p["release"]["layout"], bundle)
+    holders = place_graphs(items, build_dir, lock, p["release"]["layout"], merged)
     artifacts, hashed = {}, {}
     for i, it in enumerate(items, 1):
         print(f"release [{i}/{len(items)}] {it['name']}: reference record", flush=True)
@@ -338,7 +338,7 @@ def build(
         hashed |= digests
     name = layout.release_name(rec, form)
     signed = signing.section(key)
-    bundled = bundle_section(next(iter(holders.values()))) if bundle is not None else None
+    bundled = bundle_section(next(iter(holders.values()))) if merged is not None else None
     atomic.write_text(
         build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed, bundled)
     )
@@ -361,7 +361,7 @@ def main() -> None:
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     preflight(items, rec, form)
-    bundle = bundle_preflight(items, rec, form) if p["release"]["layout"] == "bundle" else None
+    merged = bundle_preflight(items, rec, form) if p["release"]["layout"] == "bundle" else None
     overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
     if not all(overall[n].get("passed", True) for n in overall):
         raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")
@@ -370,7 +370,7 @@ def main() -> None:
     for d in (build_dir, dist_dir):
         shutil.rmtree(d, ignore_errors=True)
     try:
-        manifest = build(build_dir, dist_dir, p, items, rec, snap, form, overall, key, bundle)
+        manifest = build(build_dir, dist_dir, p, items, rec, snap, form, overall, key, merged)
         # the release and its tarball are replaced together, or neither is
         atomic.swap_in_dirs([(build_dir, layout.RELEASE), (dist_dir, layout.DIST)])
     finally:  # nothing half-built stays behind, whatever stopped the build

@@ -224,6 +224,24 @@ def pipeline_stages(ws: Path) -> list[str]:
     return out
 
 
+def bundle_figures(ws: Path) -> dict | None:
+    """The bundle stage's record in `ws` (results/bundle.json), the figures the bench carries; None
+    for a workspace built before the stage existed."""
+    path = ws / layout.result_path("bundle")
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    return {
+        "bytes": doc["sharing"]["bytes"],
+        "constant_bytes": doc["sharing"]["constant_bytes"],
+        "part_constant_bytes": doc["sharing"]["part_constant_bytes"],
+        "largest_graph_bytes": doc["largest_graph"]["bytes"],
+        "bytes_over_graph": doc["bytes_over_graph"],
+        "memory": doc["memory"],
+        "passed": doc["passed"],
+    }
+
+
 def workspace(ws: Path) -> dict:
     stack = ws / layout.result_path("stack")
     s = json.loads(stack.read_text()) if stack.is_file() else {}
@@ -234,6 +252,8 @@ def workspace(ws: Path) -> dict:
         "commit": commit(ws),
         "graph_bytes": sum(g.stat().st_size for g in graphs),
         "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*" + builder.TARBALL_SUFFIX)),
+        "release_bytes": sum(f.stat().st_size for f in (ws / layout.RELEASE).rglob("*") if f.is_file()),
+        "bundle": bundle_figures(ws),
         "layers": s.get("layers"),
         "fp32_bytes": s.get("fp32_bytes"),
         "stages": stages,
@@ -247,7 +267,7 @@ def workspace(ws: Path) -> dict:
         "params": {
             k: v
             for k, v in params.read(ws / "params.yaml").items()
-            if k in ("lengths", "pairs", "memory", "verify_gpu", "model")
+            if k in ("lengths", "pairs", "memory", "verify_gpu", "model", "release")
         },
     }
 
@@ -259,7 +279,7 @@ AS_MEASURED = ("verify_kernel", "kernel_bench", "export_stock", "export_bench")
 PER_LENGTH = ("export", "verify_tflite", "verify_gpu_row")  # one stage per L
 PER_PAIR = ("export_pair", "verify_pair", "verify_gpu_pair")  # one stage per pair, sized by P + S
 BY_LENGTHS = ("verify_model",)  # one stage over every L: its work grows with the sum of the lengths
-BY_GRAPHS = ("release",)  # hashes and packs every graph
+BY_GRAPHS = ("bundle", "release")  # reads every graph (the release: with release.layout files)
 GPU_STAGES = ("verify_gpu_row", "verify_gpu_pair")  # on this machine, the software GPU (lavapipe): CPU-bound
 
 
@@ -316,6 +336,7 @@ def extrapolate(tiny: dict, real: dict) -> dict:
             }
     graph = real["latency"].get("64", {}).get("bytes")
     fp32 = real.get("fp32_bytes") and blocks * real["fp32_bytes"]
+    bundled = real.get("bundle")
     doc = {
         "blocks": blocks,
         "stages": out,
@@ -323,6 +344,10 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         # the runtime cannot be told from the weights, so it is not extrapolated
         "without_tiny_run": sorted(n for n in real["stages"] if n not in tiny["stages"]),
         "row_graph_bytes_per_L": graph and blocks * graph,
+        # the bundle's weights and heads grow with the layers; the release's other files (host tables,
+        # tokenizer, reference records) are the same at any depth
+        "bundle_bytes": bundled and blocks * bundled["bytes"],
+        "release_bytes": bundled and blocks * bundled["bytes"] + real.get("release_bytes", 0) - bundled["bytes"],
         "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
         "fp32_stack_bytes": fp32,
     }
@@ -378,9 +403,12 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
             )
         else:
             f = dict(found[None])
+            bundled = (default.get("release") or {}).get("layout") == "bundle"
             scale = (
                 sum(lengths) / sum(measured_lengths)
                 if base in BY_LENGTHS
+                else 1.0  # the release hashes and packs the bundle: about one graph's bytes, however many
+                if base == "release" and bundled
                 else graphs / measured_graphs
                 if base in BY_GRAPHS
                 else 1.0

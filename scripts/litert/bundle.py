@@ -56,6 +56,15 @@ class Merged:
         return dataclasses.asdict(self)
 
 
+def fingerprint(path) -> dict:
+    """Which converted file a part was: its size and the sha256 of its flatbuffer head (every tensor,
+    op and buffer offset, and the metadata that names revision, form, shape and commit), read without
+    its weights; what the release compares to tell a bundle made from other files (a 27.7 GB graph
+    is not read again for it)."""
+    head = tflite_file.read_head(path)
+    return {"bytes": Path(path).stat().st_size, "head_sha256": hashlib.sha256(head).hexdigest()}
+
+
 def _opcode_key(code) -> tuple:
     return (code.deprecatedBuiltinCode, code.builtinCode, tflite_file.text(code.customCode), code.version)
 

@@ -44,6 +44,9 @@ def read_metrics(root: Path) -> dict[str, dict]:
         if name.startswith("gpu_") and record.is_file():
             found = json.loads(record.read_text())
             rows[name] = {**row, "modes": found.get("modes") or {}, "layers": found.get("layers")}
+    bundle = root / layout.result_path("bundle")
+    if "bundle" in rows and bundle.is_file():  # sizes, sharing, identity and memory: the stage's record
+        rows["bundle"] = {**rows["bundle"], "record": json.loads(bundle.read_text())}
     return rows
 
 
@@ -373,7 +376,55 @@ def bench_line(bench: dict) -> str:
     )
 
 
+def mib(n) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def bundle_table(rows: dict) -> str:
+    """The bundle against the graphs it holds: size, sharing, identity per accelerator, memory."""
+    row = rows.get("bundle")
+    if not row or "record" not in row:
+        raise ClefError("no results/bundle.json: run the bundle stage (`dvc repro`) first")
+    r = row["record"]
+    share, largest = r["sharing"], r["largest_graph"]
+    identity: dict[str, list[bool]] = {}
+    for i in r["identity"]:
+        identity.setdefault(i["accelerator"], []).append(i["identical"])
+    body = [
+        [
+            "bundle",
+            f"{share['bytes']:,} bytes: {r['bytes_over_graph']:.3f}x the largest graph "
+            f"(`{Path(largest['file']).name}`, {largest['bytes']:,}; bound {r['max_bytes_over_graph']}x)",
+        ],
+        [
+            "constants",
+            f"{share['constant_bytes']:,} bytes stored once; the graphs held {share['part_constant_bytes']:,} "
+            f"({share['part_constant_bytes'] / share['constant_bytes']:.1f}x)",
+        ],
+        ["signatures", f"{len(r['signatures'])}: " + ", ".join(f"`{n}`" for n in sorted(r["signatures"]))],
+    ]
+    for acc, same in identity.items():
+        body.append(
+            [
+                f"identical to its own file, {acc.replace('gpu', 'GPU').replace('cpu', 'CPU')}",
+                f"{sum(same)} of {len(same)} graphs",
+            ]
+        )
+    if not r.get("gpu_checked"):
+        body.append(["GPU", f"not run: {r.get('gpu_not_checked_why')}"])
+    for acc, m in r["memory"].items():
+        body.append(
+            [
+                f"memory held, every signature compiled and run once, {acc.upper()}",
+                f"{mib(m['bundle']['held'])} vs {mib(m['largest_graph']['held'])} for the largest graph "
+                f"({m['held_over_graph']:.2f}x; peak {m['peak_over_graph']:.2f}x; goal {r['memory_goal_over_graph']}x)",
+            ]
+        )
+    return table(["bundle stage", "figure"], body)
+
+
 TABLES = {
+    "bundle": bundle_table,
     "checks": checks_table,
     "rows": rows_table,
     "export_bench": export_bench_table,
