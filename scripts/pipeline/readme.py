@@ -291,6 +291,24 @@ def real_width_gpu_table(gpu: dict) -> str:
     return table(["graph", "layers run", "fp16 / floor (per position)", "mixed / floor (per position)"], body)
 
 
+RELEASE_GOALS = {"bytes": 30e9, "seconds": 300}  # issue 35's goals for clef-flash's release and its stage
+
+
+def release_row(clef: dict, run: dict) -> list[str]:
+    """The release clef-flash would ship (the bundle, the host files) and the release stage's time."""
+    stage = run["stages"].get("release", {}).get("seconds")
+    if not clef.get("bundle_bytes"):
+        return ["release", "not measured: the real-width run predates the bundle stage", "make real-width"]
+    return [
+        "release",
+        f"the bundle {clef['bundle_bytes'] / 1e9:.1f} GB, the release {clef['release_bytes'] / 1e9:.1f} GB "
+        f"(goal <= {RELEASE_GOALS['bytes'] / 1e9:.0f} GB); the release stage "
+        + (f"{stage / 60:.1f} min (goal <= {RELEASE_GOALS['seconds'] / 60:.0f})" if stage else "not measured"),
+        f"extrapolated: {clef['blocks']} x the real-width bundle, + its host files and reference records "
+        "(the same at any depth); the stage as the others",
+    ]
+
+
 def real_run_table(bench: dict) -> str:
     """What the real clef-flash needs, each figure marked measured or extrapolated."""
     real, clef = bench["real_width"], bench["clef_flash"]
@@ -298,9 +316,13 @@ def real_run_table(bench: dict) -> str:
     blocks = clef["blocks"]
     graphs = len(run["lengths"]) + len(run["pairs"])
     per_graph = clef["row_graph_bytes_per_L"]
-    ratio = real["tarball_bytes"] / real["graph_bytes"] if real.get("graph_bytes") else None
+    bundled = real.get("bundle")  # None: a real-width run from before the bundle stage
+    packed = bundled["bytes"] if bundled else real.get("graph_bytes")  # what the tarball holds
+    ratio = real["tarball_bytes"] / packed if packed else None
     # + one scratch graph: stages run one at a time, and export shifts its converted file in place
-    disk = clef["snapshot_bytes"] + graphs * per_graph * (1 + (ratio or 0)) + per_graph
+    shipped = clef["bundle_bytes"] if bundled else graphs * per_graph
+    disk = clef["snapshot_bytes"] + graphs * per_graph + (per_graph if bundled else 0) + shipped * (ratio or 0)
+    disk += per_graph
     ops = real["ops_per_gdn_layer"]
     within = "within" if run["within_budget"] else "**over**"
     missing = real.get("stages_not_finished") or []
@@ -338,15 +360,19 @@ def real_run_table(bench: dict) -> str:
             "upper bound), L and pairs the run did not have "
             "interpolated; the first-block benchmark and the kernel stages as measured",
         ],
+        release_row(clef, run),
         [
             "disk per graph",
-            f"{per_graph / 1e9:.1f} GB; the tarball {ratio:.2f} x the graphs" if ratio else f"{per_graph / 1e9:.1f} GB",
+            f"{per_graph / 1e9:.1f} GB; the tarball {ratio:.2f} x what it packs"
+            if ratio
+            else f"{per_graph / 1e9:.1f} GB",
             f"extrapolated: {blocks} x the real-width row graph"
             + ("; the real-width tarball ratio (measured)" if ratio else "; no tarball measured (no release)"),
         ],
         [
             "disk, default params",
             f"~{disk / 1e9:.0f} GB: snapshot + {graphs} graphs + "
+            + ("the bundle + " if bundled else "")
             + ("tarball + " if ratio else "")
             + "a scratch graph (verify_gpu's sections; export's copy where the filesystem cannot shift a file in place)"
             + ("" if ratio else ", and the tarball (not measured)"),
