@@ -72,6 +72,7 @@ ROWS = {
         "fp16_floor": 0.0029,
         "fp16_over_floor": 4.0,
     },
+    "bundle": {"passed": True, "max_rel": 0.0, "threshold": 0.0, "bytes": 9847368, "op_total": 13551, "max_rank": 4},
     "export_bench": {
         "L": 64,
         "ops_per_gdn_layer": 169,
@@ -90,6 +91,29 @@ GPU_RECORDS = {
         },
     }
 }
+# the bundle stage's record (results/bundle.json), as much of it as the table reads
+BUNDLE_RECORD = {
+    "sharing": {"bytes": 9847368, "constant_bytes": 7286488, "part_constant_bytes": 45511452},
+    "largest_graph": {"file": "artifacts/pairs/pair_P256_S64.tflite", "bytes": 9255644},
+    "bytes_over_graph": 1.064,
+    "max_bytes_over_graph": 1.1,
+    "signatures": {"row_L64": 0, "prefix_P64_S64": 1, "suffix_P64_S64": 2},
+    "identity": [
+        {"graph": "row_L64", "accelerator": "cpu", "identical": True},
+        {"graph": "pair_P64_S64", "accelerator": "cpu", "identical": False},
+    ],
+    "gpu_checked": False,
+    "gpu_not_checked_why": "verify_gpu.layers resolves to block",
+    "memory": {
+        "cpu": {
+            "bundle": {"held": 2**26, "peak": 2**26},
+            "largest_graph": {"held": 2**25, "peak": 2**25},
+            "held_over_graph": 2.0,
+            "peak_over_graph": 2.0,
+        }
+    },
+    "memory_goal_over_graph": 1.2,
+}
 README = "intro\n" + "".join(f"<!-- generated: {n} -->\nold\n<!-- end generated: {n} -->\n" for n in readme.TABLES)
 
 
@@ -99,6 +123,7 @@ def workspace(tmp_path):
         atomic.write_json(tmp_path / layout.metrics_path(name), row)
     for name, record in GPU_RECORDS.items():
         atomic.write_json(tmp_path / layout.gpu_result_path(name), record)
+    atomic.write_json(tmp_path / layout.result_path("bundle"), BUNDLE_RECORD)
     atomic.write_json(
         tmp_path / layout.RELEASE / "manifest.json", {"git": {"commit": "abcdef0123456789", "clean": True}}
     )
@@ -112,6 +137,14 @@ def test_tables_carry_the_records_and_name_the_run(workspace):
     assert "| row L=64: LiteRT vs torch | yes | 3.0e-06 | 7.0e-06 | 0.0001, 0.0001 | n/a |" in text
     assert "| pair P=64 S=64: chaining vs row | **no** | 2.0e-04 | 3.0e-04 |" in text  # a failed check shows
     assert "| 64 | 7,626,840 | 1456 | 169 | 4 | 5.9 ms | 3.5x |" in text
+    # the bundle: its size against the largest graph, identity per accelerator (a differing graph shows),
+    # the GPU check that did not run and why, memory against the goal
+    assert (
+        "| bundle | 9,847,368 bytes: 1.064x the largest graph (`pair_P256_S64.tflite`, 9,255,644; bound 1.1x) |" in text
+    )
+    assert "| identical to its own file, CPU | 1 of 2 graphs |" in text
+    assert "| GPU | not run: verify_gpu.layers resolves to block |" in text
+    assert "| 64.0 MiB vs 32.0 MiB for the largest graph (2.00x; peak 2.00x; goal 1.2x) |" in text
     assert readme.render(text, workspace) == (text, [])  # rendering again changes nothing
 
 
@@ -240,6 +273,18 @@ def test_bench_tables_say_what_is_measured_and_what_did_not_finish(tmp_path):
     assert "On the GPU accelerator at real width, ratio to the torch-float16 floor:" in text
     assert "| graph | layers run | fp16 / floor (per position) | mixed / floor (per position) |" in text
     assert "| row L=64 | 4 of 4 | 12.0 | - |\n| pair P=64 S=64 | 4 of 4 | 9.5 (11.2) | 1.3 (1.7) |" in text
+    assert "| release | not measured: the real-width run predates the bundle stage |" in text
+    # with the bundle: what clef-flash's release would weigh and its stage take, against the goals
+    bundled = bench()
+    bundled["real_width"]["bundle"] = {"bytes": 3.6e9}
+    bundled["clef_flash"].update(bundle_bytes=2.88e10, release_bytes=2.95e10)
+    bundled["clef_flash"]["default_pipeline"]["stages"] = {"release": {"seconds": 240.0}}
+    atomic.write_json(tmp_path / layout.BENCH, bundled)
+    text, _ = readme.render(doc, tmp_path)
+    assert (
+        "| release | the bundle 28.8 GB, the release 29.5 GB (goal <= 30 GB); the release stage 4.0 min (goal <= 5) |"
+        in text
+    )
     # a bench.json made before it kept the GPU figures renders without them
     old = bench()
     del old["real_width"]["gpu"]

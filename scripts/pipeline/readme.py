@@ -296,7 +296,7 @@ RELEASE_GOALS = {"bytes": 30e9, "seconds": 300}  # issue 35's goals for clef-fla
 
 def release_row(clef: dict, run: dict) -> list[str]:
     """The release clef-flash would ship (the bundle, the host files) and the release stage's time."""
-    stage = run["stages"].get("release", {}).get("seconds")
+    stage = (run.get("stages") or {}).get("release", {}).get("seconds")
     if not clef.get("bundle_bytes"):
         return ["release", "not measured: the real-width run predates the bundle stage", "make real-width"]
     return [
