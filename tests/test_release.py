@@ -677,7 +677,7 @@ def test_a_refused_release_leaves_no_partial_and_the_previous_release(pipeline_c
     before = {d: tree_hashes(artifacts / d) for d in ("release", "dist")}
     edit(pipeline_copy)
     assert_one_line_error(run_stage("release", pipeline_copy), *fragments)
-    assert sorted(p.name for p in artifacts.iterdir()) == ["dist", "pairs", "release", "rows"]
+    assert sorted(p.name for p in artifacts.iterdir()) == ["bundle", "dist", "pairs", "release", "rows"]
     assert {d: tree_hashes(artifacts / d) for d in ("release", "dist")} == before
 
 
