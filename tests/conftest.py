@@ -134,20 +134,35 @@ def release_keys(tmp_path_factory) -> tuple[Path, Path]:
     return signing.make_keys(tmp_path_factory.mktemp("keys"))
 
 
+# The session's pipeline runs the default params on the shortest and longest length and the shortest
+# pair (TEST_PARAMS): every kind of graph and stage the defaults have, two rows and a pair in the bundle,
+# and 10 of `make test`'s minutes not spent converting and checking the middle length and the two longer
+# pairs (`make release` runs the defaults whole; the README's figures come from it).
+TEST_PARAMS = {
+    "lengths: [64, 128, 256]": "lengths: [64, 256]",
+    "  - {prefix: 256, suffix: 64}\n": "",
+    "  - {prefix: 128, suffix: 64}\n": "",
+    "signing_key: null": "signing_key: {key}",
+}
+
+
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory, release_keys) -> dict:
-    """`dvc repro` of the whole pipeline on the embedded default, once per session, in a temporary
-    git copy of the repo whose params.yaml signs the release with `release_keys`. Nothing is committed
-    after it: the graphs record the commit they were built at, so a forced rebuild at the same commit
-    must give the same bytes. -> {"repo", "log", "public_key"}"""
+    """`dvc repro` of the whole pipeline on the embedded default with TEST_PARAMS, once per session, in a
+    temporary git copy of the repo whose params.yaml signs the release with `release_keys`. Nothing is
+    committed after it: the graphs record the commit they were built at, so a forced rebuild at the same
+    commit must give the same bytes. -> {"repo", "log", "public_key"}"""
     repo = repo_copy(tmp_path_factory.mktemp("pipeline") / "repo")
     p = yaml.safe_load((repo / "params.yaml").read_text())
     assert p["release"]["signing_key"] is None, (
         "the committed params.yaml must build unsigned (no key on a fresh clone)"
     )
-    text = (repo / "params.yaml").read_text().replace("signing_key: null", f"signing_key: {release_keys[0]}")
+    text = (repo / "params.yaml").read_text()
+    for old, new in TEST_PARAMS.items():
+        assert text.count(old) == 1, f"params.yaml no longer has {old!r} once: update TEST_PARAMS"
+        text = text.replace(old, new.format(key=release_keys[0]))
     (repo / "params.yaml").write_text(text)
-    git(repo, "commit", "-qam", "sign the release with a throwaway key")
+    git(repo, "commit", "-qam", "the test's lengths and pair; sign the release with a throwaway key")
     return {"repo": repo, "log": dvc(repo, "repro"), "public_key": release_keys[1]}
 
 

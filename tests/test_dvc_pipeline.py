@@ -348,7 +348,7 @@ DVC_REFUSES = {
         "Could not find 'item.suffix'",
     ),
     "yaml-syntax": (
-        lambda text: text.replace("lengths: [64, 128, 256]", "lengths: [64, 128, 256"),
+        lambda text: text.replace("lengths: [64, 256]", "lengths: [64, 256"),
         "YAML file structure is corrupted",
     ),
 }

@@ -656,7 +656,7 @@ def edit_params(old: str, new: str):
         # as it packages the first graph: its reference record is not the one verify_tflite measured
         (
             lambda repo: shutil.copy(
-                repo / "results/references/row_L128.safetensors", repo / "results/references/row_L64.safetensors"
+                repo / "results/references/row_L256.safetensors", repo / "results/references/row_L64.safetensors"
             ),
             ["results/references/row_L64.safetensors is not the record verify_tflite measured", "rerun verify_tflite"],
         ),
@@ -737,17 +737,17 @@ def test_the_release_stage_refuses_a_bundle_that_is_not_of_the_graphs_there(pipe
     before = snapshot.sha256_file(repo / "artifacts/release/manifest.json")
     params_text = (repo / "params.yaml").read_text()
     try:
-        (repo / "params.yaml").write_text(params_text.replace("lengths: [64, 128, 256]", "lengths: [64, 128]"))
+        (repo / "params.yaml").write_text(params_text.replace("lengths: [64, 256]", "lengths: [64]"))
         assert_one_line_error(run_stage("release", repo), "params.yaml asks for", "rerun the bundle stage")
     finally:
         (repo / "params.yaml").write_text(params_text)
-    graph = repo / layout.row_path(128)
+    graph = repo / layout.row_path(256)
     original = graph.read_bytes()
     try:
         graph.unlink()  # a DVC-cached file is a read-only hard link: replaced, never written through
         graph.write_bytes(original + bytes(64))
         assert_one_line_error(
-            run_stage("release", repo), f"{layout.row_path(128)} is not the file the bundle", "rerun the bundle stage"
+            run_stage("release", repo), f"{layout.row_path(256)} is not the file the bundle", "rerun the bundle stage"
         )
     finally:
         graph.unlink()
