@@ -98,17 +98,7 @@ def identity_gpu(path, graphs: list, census: dict) -> list[dict]:
 def memory(path, largest, accelerators: tuple[str, ...]) -> dict:
     """Held and peak bytes over the runtime's own, the bundle against the largest graph, per accelerator
     (the GPU's in fp32 mode)."""
-    out = {}
-    for accelerator in accelerators:
-        one = bundle_check.memory(largest, accelerator)
-        every = bundle_check.memory(path, accelerator)
-        out[accelerator] = {
-            "bundle": every,
-            "largest_graph": one,
-            "held_over_graph": every["held"] / max(one["held"], 1),
-            "peak_over_graph": every["peak"] / max(one["peak"], 1),
-        }
-    return out
+    return {accelerator: bundle_check.memory_against(path, largest, accelerator) for accelerator in accelerators}
 
 
 def main() -> None:

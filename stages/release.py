@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from scripts.checkpoint import snapshot
+from scripts.checks import bundle_check
 from scripts.layers import kernel_form
 from scripts.litert import bundle, tflite_file
 from scripts.pipeline import atomic, layout, params, provenance
@@ -38,35 +39,28 @@ def graph_bounds(p: dict, section: str, what: str) -> dict[str, float]:
 
 
 def planned(p: dict) -> list[dict]:
-    """The artifacts params.yaml asks for, each with the checks that vouch for it."""
-    out = [
-        {
-            "name": layout.row_name(n),
-            "kind": "row",
-            "shape": {"L": n},
-            "path": layout.row_path(n),
-            "gpu": layout.gpu_name(n),
-            "checks": [f"tflite_L{n}", f"export_L{n}", layout.gpu_name(n)],
-            "bounds": graph_bounds(p, "verify_tflite", "vs_torch"),
-        }
-        for n in p["lengths"]
-    ]
-    for q in p["pairs"]:
-        name = layout.pair_name(q["prefix"], q["suffix"])
-        gpu = layout.gpu_name(prefix=q["prefix"], suffix=q["suffix"])
+    """The artifacts params.yaml asks for (bundle_check.planned: name, kind, shape, file, signature
+    names), each with the checks that vouch for it."""
+    out = []
+    for g in bundle_check.planned(p["lengths"], p["pairs"]):
+        if g.kind == "row":
+            gpu = layout.gpu_name(g.shape["L"])
+            checks, bounds = [f"tflite_L{g.shape['L']}", f"export_L{g.shape['L']}", gpu], ("verify_tflite", "vs_torch")
+        else:
+            gpu = layout.gpu_name(prefix=g.shape["P"], suffix=g.shape["S"])
+            checks, bounds = [g.name, f"export_{g.name}", gpu], ("verify_pair", "vs_row")
         out.append(
             {
-                "name": name,
-                "kind": "pair",
-                "shape": {"P": q["prefix"], "S": q["suffix"]},
+                "name": g.name,
+                "kind": g.kind,
+                "shape": g.shape,
+                "path": g.path,
+                "signatures": g.signatures,
                 "gpu": gpu,
-                "path": layout.pair_path(q["prefix"], q["suffix"]),
-                "checks": [name, f"export_{name}", gpu],
-                "bounds": graph_bounds(p, "verify_pair", "vs_row"),
+                "checks": checks,
+                "bounds": graph_bounds(p, *bounds),
             }
         )
-    for it in out:
-        it["signatures"] = layout.bundle_signatures(it["kind"], it["shape"])
     return out
 
 

@@ -50,15 +50,9 @@ def main() -> None:
         largest = parts[-1].path
         figures = {}
         for accelerator, mode in (("cpu", "fp32"), ("gpu", "fp32"), ("gpu", "fp16")):
-            one = bundle_check.memory(largest, accelerator, mode)
-            every = bundle_check.memory(Path(tmp) / "bundle.tflite", accelerator, mode)
-            figures[f"{accelerator} {mode}"] = {
-                "one_graph": one,
-                "bundle": every,
-                "held_over_graph": every["held"] / one["held"],
-                "peak_over_graph": every["peak"] / one["peak"],
-                "three_graphs_over_graph": 3.0,
-            }
+            found = bundle_check.memory_against(Path(tmp) / "bundle.tflite", largest, accelerator, mode)
+            figures[f"{accelerator} {mode}"] = {**found, "three_graphs_over_graph": 3.0}
+            every, one = found["bundle"], found["largest_graph"]
             print(
                 f"bundle_memory: {accelerator} {mode}: held {every['held'] / 2**20:.0f} MiB with the bundle's "
                 f"{len(LENGTHS)} signatures vs {one['held'] / 2**20:.0f} MiB for one graph "

@@ -133,5 +133,17 @@ def memory(path: Path, accelerator: str, mode: str = "fp32") -> dict:
     return {k: doc[k] - doc["before"] for k in ("compiled", "held", "peak")}
 
 
+def memory_against(path: Path, graph: Path, accelerator: str, mode: str = "fp32") -> dict:
+    """`memory` of `path` (a bundle) against that of `graph` (one of its graphs), each in a process of its
+    own -> both, and the bundle's held and peak bytes over the graph's."""
+    one, every = memory(graph, accelerator, mode), memory(path, accelerator, mode)
+    return {
+        "bundle": every,
+        "largest_graph": one,
+        "held_over_graph": every["held"] / max(one["held"], 1),
+        "peak_over_graph": every["peak"] / max(one["peak"], 1),
+    }
+
+
 if __name__ == "__main__":
     _memory_main(*sys.argv[1:4])
