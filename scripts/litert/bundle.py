@@ -20,17 +20,11 @@ import json
 import mmap
 from pathlib import Path
 
-import flatbuffers
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
-from scripts.litert import tflite_file
-from scripts.pipeline import atomic
+from scripts.litert import model_writer, tflite_file
 from scripts.pipeline.errors import ClefError
-
-# A stand-in offset while the head's length is measured: a flatbuffer leaves a field at its default
-# (0) out, so the stand-in must be non-zero and as wide as any real offset for the length to hold.
-_OFFSET_PLACEHOLDER = 1 << 40
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,14 +100,14 @@ def merge(parts: list[Part], dst, meta: dict) -> Merged:
     out.buffers = [schema.BufferT()]  # buffer 0: the empty one every non-constant tensor may name
     opcodes: dict[tuple, int] = {}
     by_hash: dict[str, int] = {}  # sha256 -> bundle buffer index
-    sources: dict[int, tuple] = {}  # bundle buffer -> (part, offset, size) in a part's file, or (bytes,)
+    sources: dict[int, model_writer.Source] = {}  # bundle buffer -> its data in a part's file
     sizes: dict[int, int] = {}  # bundle buffer -> bytes of data
     reads: dict[int, int] = {}  # bundle buffer -> how many part buffers it stands for
     kept_metadata: set[str] = set()
     files, maps = [], []
     signatures: dict[str, int] = {}
     try:
-        for pi, part in enumerate(parts):
+        for part in parts:
             f = open(part.path, "rb")  # noqa: SIM115  (closed in finally, with its map)
             files.append(f)
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -139,12 +133,9 @@ def merge(parts: list[Part], dst, meta: dict) -> Merged:
                 if not size:
                     continue  # an empty buffer: its tensors name buffer 0
                 if digest not in by_hash:
-                    index = by_hash[digest] = len(out.buffers)
-                    new = schema.BufferT()
-                    new.offset, new.size = _OFFSET_PLACEHOLDER, size
-                    out.buffers.append(new)
+                    index = by_hash[digest] = model_writer.external(out, size)
                     external = buffer.offset > 1
-                    sources[index] = (pi, buffer.offset, size) if external else (_inline_data(buffer),)
+                    sources[index] = model_writer.Slice(mm, buffer.offset, size) if external else _inline_data(buffer)
                     sizes[index], reads[index] = size, 0
                 buffer_map[i] = by_hash[digest]
                 reads[buffer_map[i]] += 1
@@ -167,15 +158,15 @@ def merge(parts: list[Part], dst, meta: dict) -> Merged:
                 kept_metadata.add(name)
                 source = model.buffers[entry.buffer]  # small (a version string, the converter's notes)
                 if source.offset > 1:
-                    entry.buffer = _inline(out, mm[source.offset : source.offset + source.size])
+                    entry.buffer = model_writer.inline(out, mm[source.offset : source.offset + source.size])
                 else:
-                    entry.buffer = _inline(out, _inline_data(source))
+                    entry.buffer = model_writer.inline(out, _inline_data(source))
                 out.metadata.append(entry)
         entry = schema.MetadataT()
         entry.name = tflite_file.METADATA_NAME
-        entry.buffer = _inline(out, json.dumps(meta, sort_keys=True).encode())
+        entry.buffer = model_writer.inline(out, json.dumps(meta, sort_keys=True).encode())
         out.metadata.append(entry)
-        written = _write(out, sources, maps, dst)
+        written = model_writer.write(out, sources, dst)
     finally:
         for mm in maps:
             mm.close()
@@ -190,58 +181,3 @@ def merge(parts: list[Part], dst, meta: dict) -> Merged:
         shared_bytes=sum(sizes[i] for i in shared),
         signatures=signatures,
     )
-
-
-def _inline(model, data: bytes) -> int:
-    buf = schema.BufferT()
-    buf.data = list(data)
-    model.buffers.append(buf)
-    return len(model.buffers) - 1
-
-
-class _SharedStrings(flatbuffers.Builder):
-    """A builder that writes each distinct string once: the parts' subgraphs name their tensors after
-    the same source modules, and those names were most of a tiny bundle's head (3.2 of 4.7 MB)."""
-
-    def CreateString(self, s, encoding="utf-8", errors="strict"):  # noqa: N802  (flatbuffers' name)
-        if not hasattr(self, "_strings"):
-            self._strings = {}
-        key = s if isinstance(s, bytes) else s.encode(encoding, errors)
-        if key not in self._strings:
-            self._strings[key] = flatbuffers.Builder.CreateString(self, key)
-        return self._strings[key]
-
-
-def _pack(model) -> bytes:
-    builder = _SharedStrings(1024)
-    builder.Finish(model.Pack(builder), file_identifier=tflite_file.FILE_IDENTIFIER)
-    return bytes(builder.Output())
-
-
-def _write(model, sources: dict[int, tuple], maps: list, dst) -> int:
-    """The head, then each external buffer at the next DATA_ALIGN boundary after it; the head's
-    length does not depend on the offsets' values (placeholders are as wide), so it is built twice."""
-    align = tflite_file.DATA_ALIGN
-    trial = len(_pack(model))
-    start = -(-trial // tflite_file.HEAD_ROOM) * tflite_file.HEAD_ROOM
-    at, placed = start, []
-    for index in sorted(sources):
-        at = -(-at // align) * align
-        model.buffers[index].offset = at
-        placed.append((at, sources[index]))
-        at += model.buffers[index].size
-    head = _pack(model)
-    if len(head) != trial:
-        raise AssertionError(f"bundle head {len(head)} bytes, measured {trial}")
-    with atomic.writing(dst) as f:
-        f.write(head + bytes(start - len(head)))
-        for offset, source in placed:
-            f.write(bytes(offset - f.tell()))
-            if len(source) == 1:
-                f.write(source[0])
-                continue
-            pi, src, size = source
-            with memoryview(maps[pi]) as view:
-                for lo in range(src, src + size, tflite_file.COPY_CHUNK):
-                    f.write(view[lo : min(lo + tflite_file.COPY_CHUNK, src + size)])
-    return Path(dst).stat().st_size
