@@ -35,6 +35,9 @@ def gpu_depth(layers: str, source: str) -> str:
 
 HOST_WEIGHT_MODES = ("include", "reference")
 RELEASE_LAYOUTS = ("bundle", "files")  # one .tflite with every signature, or a .tflite per graph
+# How a graph stores its Linear weights (scripts/layers/weight_precision.py): float32, float16, or int8
+# per output channel; the compute stays float32 on the CPU.
+WEIGHT_PRECISIONS = ("fp32", "fp16", "int8")
 REVISION = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -264,6 +267,7 @@ SCHEMA = {
             "held_to_floor": subset_of(*GPU_HALF_MODES),
         }
     ),
+    "weights": one_of(*WEIGHT_PRECISIONS),
     "bundle": mapping({"max_bytes_over_graph": factor, "memory_goal_over_graph": factor}),
     "release": mapping(
         {

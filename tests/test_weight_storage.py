@@ -1,0 +1,144 @@
+"""Weights stored at a device's precision (scripts/layers/weight_precision.py, scripts/litert/weight_storage.py):
+the torch model is quantized once, the converted graph re-encodes exactly those values (never rounding them
+itself), and the LiteRT graph computes what the quantized torch model does, to float32 rounding."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from scripts.checks import compare
+from scripts.layers import weight_precision
+from scripts.litert import export, tflite_file, weight_storage
+from scripts.litert.cpu_graph import CpuGraph
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35.host import litert_signature
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(128, 512), torch.nn.Linear(512, 128)
+
+    def forward(self, x):
+        return {"y": self.down(torch.relu(self.up(x)))}
+
+
+X = torch.randn(1, 16, 128, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.fixture(scope="module")
+def base() -> Mlp:
+    torch.manual_seed(0)
+    m = Mlp().eval()
+    with torch.no_grad():  # bf16 values, as a checkpoint's are: float16 holds them exactly
+        for p in m.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    return m
+
+
+def graph(model, precision, tmp, scheme="weight_only"):
+    raw, out = tmp / f"{precision}_{scheme}.raw", tmp / f"{precision}_{scheme}.tflite"
+    export.convert(model, {"x": X}, raw)
+    return out, weight_storage.store(raw, out, precision, scheme)
+
+
+def run(path) -> torch.Tensor:
+    return litert_signature(CpuGraph(path).get_signature_runner())(x=X)["y"]
+
+
+def exact(model) -> torch.Tensor:
+    with torch.no_grad():
+        return copy.deepcopy(model).double()(X.double())["y"]
+
+
+@pytest.fixture(scope="module")
+def graphs(base, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("weights")
+    out = {}
+    for precision in ("fp32", "fp16", "int8"):
+        model = copy.deepcopy(base)
+        weight_precision.apply(model, precision)
+        out[precision] = (model, *graph(model, precision, tmp))
+    return out
+
+
+def test_fp16_storage_halves_the_weights_and_changes_no_output(graphs):
+    _, fp32, _ = graphs["fp32"]
+    model, fp16, stored = graphs["fp16"]
+    assert stored.weights == 2 and stored.kept_float32 == 0
+    assert stored.stored_bytes * 2 == stored.float32_bytes
+    assert fp16.stat().st_size < 0.55 * fp32.stat().st_size
+    census = tflite_file.census(fp16)
+    assert census["ops"]["DEQUANTIZE"] == 2 and census["dtypes"]["FLOAT16"] == 2
+    assert tflite_file.violations(census) == []
+    # bf16 weights, the same values: the graphs differ by float32 rounding alone (the CPU accelerator
+    # packs float16 weights for another kernel, which sums in another order)
+    assert compare.rel(run(fp16), run(fp32)) < 1e-6
+    assert compare.rel(run(fp16).double(), exact(model)) < 1e-5
+
+
+def test_int8_storage_is_a_quarter_and_computes_the_dequantized_weights(graphs):
+    model, int8, stored = graphs["int8"]
+    _, fp32, _ = graphs["fp32"]
+    assert stored.weights == 2 and stored.kept_float32 == 0
+    assert stored.stored_bytes <= 0.26 * stored.float32_bytes
+    assert int8.stat().st_size < 0.30 * fp32.stat().st_size
+    # the conversion error: against the same int8 weights in float64
+    assert compare.rel(run(int8).double(), exact(model)) < 1e-5
+
+
+def test_the_quantization_effect_is_a_separate_figure(base, graphs):
+    """Against the unquantized model the int8 graph is off by the quantization, far over the conversion error."""
+    model, int8, _ = graphs["int8"]
+    effect = compare.rel(run(int8).double(), exact(base))
+    assert effect > 100 * compare.rel(run(int8).double(), exact(model)), effect
+
+
+def test_the_storage_never_rounds_a_value_itself(base, tmp_path):
+    """A weight that float16 does not hold exactly (not quantized in torch first) stays float32: the graph
+    is unchanged, so a missing weight_precision.apply can never pass as a conversion error."""
+    model = copy.deepcopy(base)
+    weight_precision.apply(model, "fp16")
+    with torch.no_grad():
+        model.up.weight.add_(1e-6)  # off float16's grid
+    path, stored = graph(model, "fp16", tmp_path)
+    assert stored.weights == 1 and stored.kept_float32 == 1
+    assert torch.equal(run(path), run(tmp_path / "fp16_weight_only.raw"))
+    assert compare.rel(run(path).double(), exact(model)) < 1e-5
+
+
+def test_int8_codes_reproduce_every_row_or_refuse():
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(3))
+    values = weight_precision.stored_values(w, "int8").numpy()
+    codes, scales = weight_storage.encode_int8(values)
+    assert np.array_equal(codes.astype(np.float32) * scales[:, None], values)
+    assert np.abs(codes).max() == weight_precision.INT8_LEVELS
+    bent = values.copy()
+    bent[5, 7] = np.nextafter(bent[5, 7], np.float32(np.inf))  # one element off the row's grid
+    assert weight_storage.encode_int8(bent) is None
+    assert weight_storage.encode_fp16(np.array([1.0, 1 + 2**-12], np.float32)) is None
+
+
+def test_weights_that_cannot_be_stored_are_refused_before_anything_changes(base):
+    model = copy.deepcopy(base)
+    with torch.no_grad():
+        model.down.weight[0, 0] = 1e5
+    before = model.up.weight.clone()
+    with pytest.raises(ClefError, match=r"weights fp16: down.weight holds 1e\+05, over float16's largest"):
+        weight_precision.apply(model, "fp16")
+    assert torch.equal(model.up.weight, before)
+    with pytest.raises(ClefError, match="weights 'int4' is not one of fp32, fp16, int8"):
+        weight_precision.apply(model, "int4")
+
+
+def test_dynamic_range_int8_quantizes_the_activations_too(graphs, tmp_path):
+    """Why `weights: int8` is weight-only: the hybrid kernel's error is the activations' quantization,
+    over the conversion bound of 1e-4 that the weight-only graph meets."""
+    model, _, _ = graphs["int8"]
+    path, stored = graph(model, "int8", tmp_path, "dynamic")
+    assert stored.weights == 2 and "DEQUANTIZE" not in tflite_file.census(path)["ops"]
+    assert compare.rel(run(path).double(), exact(model)) > 1e-4
