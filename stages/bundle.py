@@ -28,13 +28,14 @@ from scripts.release import references
 GPU_MODES = gpu_accelerator.MODES
 
 
-def preflight(graphs: list, rec: dict, form: str) -> dict:
-    """Every graph there, of this revision, form and shape, with its reference record -> {name: metadata}."""
+def preflight(graphs: list, rec: dict, form: str, weights: str) -> dict:
+    """Every graph there, of this revision, form, weights and shape, with its reference record ->
+    {name: metadata}."""
     metas = {}
     for g in graphs:
         layout.require(g.path)
         layout.require(layout.reference_path(g.path))
-        want = {"revision": rec["revision"], "form": form, "kind": g.kind, **g.shape}
+        want = {"revision": rec["revision"], "form": form, "weights": weights, "kind": g.kind, **g.shape}
         meta = tflite_file.read_metadata(g.path)
         bad = tflite_file.metadata_mismatches(meta, want)
         if bad:
@@ -102,12 +103,12 @@ def memory(path, largest, accelerators: tuple[str, ...]) -> dict:
 
 
 def main() -> None:
-    p = params.load(["form", "lengths", "pairs", "bundle", "verify_gpu.layers", "model.source"])
+    p = params.load(["form", "weights", "lengths", "pairs", "bundle", "verify_gpu.layers", "model.source"])
     form = str(kernel_form.parse(p["form"]))
     rec = snapshot.load_record()
     graphs = bundle_check.planned(p["lengths"], p["pairs"])
-    metas = preflight(graphs, rec, form)
-    final = layout.bundle_path(rec, form)
+    metas = preflight(graphs, rec, form, p["weights"])
+    final = layout.bundle_path(rec, form, p["weights"])
     build = atomic.partial_dir(layout.BUNDLE)
     shutil.rmtree(build, ignore_errors=True)
     try:
@@ -118,6 +119,7 @@ def main() -> None:
             "repo": rec["repo"],
             "source": rec["source"],
             "form": form,
+            "weights": p["weights"],
             "graphs": metas,
         }
         merged = bundle.merge([bundle.Part(g.path, g.signatures) for g in graphs], path, meta)
@@ -147,6 +149,7 @@ def main() -> None:
         doc = {
             "file": str(final),
             "form": form,
+            "weights": p["weights"],
             "graphs": [g.name for g in graphs],
             "signatures": merged.signatures,
             "sharing": merged.as_dict(),

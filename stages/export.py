@@ -17,27 +17,33 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, required=True)
     length = ap.parse_args().length
-    p = params.load(["form"])
+    p = params.load(["form", "weights"])
     form = kernel_form.parse(p["form"])
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
     export.check_exportable(form, length, snapshot.max_positions(path))
 
     clock = Stopwatch()
-    model, _, _ = patch.load(path, str(form))
+    model, info, _ = patch.load(path, str(form), weights=p["weights"])
     graph = row_graph.ClefRowPrefill(model, length)
     sample = Host(path).record([0], length)
     contract = row_graph.contract(model.config, length, str(form))
     out = layout.row_path(length)
     meta = export.metadata(
-        rec, str(form), contract, {"kind": "row", "L": length}, {"form": p["form"], "length": length}
+        rec,
+        str(form),
+        p["weights"],
+        contract,
+        {"kind": "row", "L": length},
+        {"form": p["form"], "weights": p["weights"], "length": length},
     )
     with atomic.scratch_file(out, ".raw") as raw:
         export.convert(graph, sample, raw)
-        size = export.write(out, raw, meta)
+        size = export.write(out, raw, meta, info["weights"])
     doc = {
         "L": length,
         "form": str(form),
+        "weights": p["weights"],
         "bytes": size,
         "seconds": clock.seconds(),
         "peak_rss_bytes": peak_rss_bytes(),

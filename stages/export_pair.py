@@ -20,7 +20,7 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, required=True)
     ap.add_argument("--suffix", type=int, required=True)
     a = ap.parse_args()
-    p = params.load(["form"])
+    p = params.load(["form", "weights"])
     form = kernel_form.parse(p["form"])
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
@@ -30,7 +30,7 @@ def main() -> None:
     params.within_context(f"P + S = {a.prefix + a.suffix}", a.prefix + a.suffix, max_positions)
 
     clock = Stopwatch()
-    model, _, _ = patch.load(path, str(form))
+    model, info, _ = patch.load(path, str(form), weights=p["weights"])
     host = Host(path)
     prefix = pair_graph.PairPrefix(model, a.prefix).eval()
     suffix = pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()
@@ -42,20 +42,22 @@ def main() -> None:
     meta = export.metadata(
         rec,
         str(form),
+        p["weights"],
         contract,
         {"kind": "pair", "P": a.prefix, "S": a.suffix},
-        {"form": p["form"], "prefix": a.prefix, "suffix": a.suffix},
+        {"form": p["form"], "weights": p["weights"], "prefix": a.prefix, "suffix": a.suffix},
     )
     with atomic.scratch_file(out, ".raw") as raw:
         export.convert_signatures(
             {"prefix": (prefix, first), "suffix": (suffix, {**host.record([0], a.suffix, start=1), **state})}, raw
         )
-        size = export.write(out, raw, meta)
+        size = export.write(out, raw, meta, info["weights"])
     name = f"export_{layout.pair_name(a.prefix, a.suffix)}"
     doc = {
         "P": a.prefix,
         "S": a.suffix,
         "form": str(form),
+        "weights": p["weights"],
         "bytes": size,
         "seconds": clock.seconds(),
         "peak_rss_bytes": peak_rss_bytes(),

@@ -95,13 +95,13 @@ def read_metrics(name: str) -> dict:
     return layout.read_record(layout.metrics_path(name))
 
 
-def preflight(items: list[dict], rec: dict, form: str) -> None:
-    """Everything the release will vouch for is there, verified, and of this revision and form."""
+def preflight(items: list[dict], rec: dict, form: str, weights: str) -> None:
+    """Everything the release will vouch for is there, verified, and of this revision, form and weights."""
     for it in items:
         graph = layout.require(it["path"])
         layout.require(layout.reference_path(graph))
         layout.require(layout.reference_figures_path(graph))
-        want = {"revision": rec["revision"], "form": form, "kind": it["kind"], **it["shape"]}
+        want = {"revision": rec["revision"], "form": form, "weights": weights, "kind": it["kind"], **it["shape"]}
         meta = tflite_file.read_metadata(graph)
         bad = tflite_file.metadata_mismatches(meta, want)
         if bad:
@@ -113,12 +113,13 @@ def preflight(items: list[dict], rec: dict, form: str) -> None:
         it["metadata"], it["census"] = meta, tflite_file.census(graph)
 
 
-def bundle_preflight(items: list[dict], rec: dict, form: str) -> Path:
+def bundle_preflight(items: list[dict], rec: dict, form: str, weights: str) -> Path:
     """The bundle holds exactly the graphs params.yaml asks for, under the signature names layout gives
     them, made from the graph files there now, and passed its stage -> its path."""
-    path = layout.require(layout.bundle_path(rec, form), "bundle")
+    path = layout.require(layout.bundle_path(rec, form, weights), "bundle")
     meta = tflite_file.read_metadata(path) or {}
-    bad = tflite_file.metadata_mismatches(meta, {"kind": "bundle", "revision": rec["revision"], "form": form})
+    want = {"kind": "bundle", "revision": rec["revision"], "form": form, "weights": weights}
+    bad = tflite_file.metadata_mismatches(meta, want)
     if bad:
         raise ClefError(f"{path}: metadata {'; '.join(bad)}; rerun the bundle stage")
     graphs = meta.get("graphs") or {}
@@ -200,6 +201,7 @@ def artifact_entry(it: dict, held: dict, build: Path, form: str, max_over_record
             "kind": it["kind"],
             **it["shape"],
             "form": form,
+            "weights": it["metadata"]["weights"],
             "file": rel_path,
             "signature_names": held["signature_names"],
             "sha256": held["sha256"],
@@ -246,6 +248,7 @@ def manifest_of(
             },
         },
         "form": form,
+        "weights": p["weights"],
         "params": p,
         "versions": provenance.package_versions(),
         "git": provenance.git_state(),
@@ -330,11 +333,12 @@ def build(
         entry, digests = artifact_entry(it, held, build_dir, form, p["release"]["max_over_recorded"])
         artifacts[it["name"]] = entry
         hashed |= digests
-    name = layout.release_name(rec, form)
+    name = layout.release_name(rec, form, p["weights"])
     signed = signing.section(key)
     bundled = bundle_section(next(iter(holders.values()))) if merged is not None else None
     atomic.write_text(
-        build_dir / reader.CARD, card.render(name, rec, form, host_section, artifacts, overall, signed, bundled)
+        build_dir / reader.CARD,
+        card.render(name, rec, form, p["weights"], host_section, artifacts, overall, signed, bundled),
     )
     files = builder.file_table(build_dir, hashed)
     manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed, bundled)
@@ -346,7 +350,7 @@ def build(
 
 
 def main() -> None:
-    p = params.load(["model", "form", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
+    p = params.load(["model", "form", "weights", "lengths", "pairs", "release", "verify_tflite", "verify_pair"])
     form = str(kernel_form.parse(p["form"]))
     builder.check_host_weights(p["release"]["host_weights"])
     key_path = p["release"]["signing_key"]  # a key that cannot sign is refused before any work
@@ -354,8 +358,8 @@ def main() -> None:
     items = planned(p)
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    preflight(items, rec, form)
-    merged = bundle_preflight(items, rec, form) if p["release"]["layout"] == "bundle" else None
+    preflight(items, rec, form, p["weights"])
+    merged = bundle_preflight(items, rec, form, p["weights"]) if p["release"]["layout"] == "bundle" else None
     overall = {n: read_metrics(n) for n in ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")}
     if not all(overall[n].get("passed", True) for n in overall):
         raise ClefError(f"a check did not pass: {[n for n in overall if overall[n].get('passed') is False]}")

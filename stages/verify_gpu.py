@@ -31,7 +31,7 @@ def main() -> None:
     a = ap.parse_args()
     if (a.length is None) == (a.prefix is None or a.suffix is None):
         raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
-    p = params.load(["form", "verify_gpu", "model.source"])  # layers: auto reads the source
+    p = params.load(["form", "weights", "verify_gpu", "model.source"])  # layers: auto reads the source
     form = str(kernel_form.parse(p["form"]))
     bounds = gpu_check.limits(p["verify_gpu"])
     limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
@@ -69,7 +69,7 @@ def main() -> None:
     # torch first: every reference (the graph in torch, stock float64 and float16, one layer at a time);
     # then the stack is freed and each mode runs section by section, so the weights are never in memory twice
     # (with `layers`, the first block only: its residual stream where the graph's hidden would be)
-    model, _, _ = patch.load(snap, form, progress=False, block=layers is not None)
+    model, _, _ = patch.load(snap, form, progress=False, block=layers is not None, weights=p["weights"])
     host = Host(snap)
     stock = gpu_check.StockReferences(model)
     vocab = model.config.vocab_size
@@ -115,6 +115,7 @@ def main() -> None:
     doc = {
         "graph": str(path),
         "form": form,
+        "weights": p["weights"],
         "kind": "row" if is_row else "pair",
         **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
         "passed": not problems,

@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, required=True)
     ap.add_argument("--suffix", type=int, required=True)
     a = ap.parse_args()
-    p = params.load(["form", "verify_pair", "controls"])
+    p = params.load(["form", "weights", "verify_pair", "controls"])
     form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(
         p,
@@ -48,14 +48,21 @@ def main() -> None:
     layout.require(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    model, _, _ = patch.load(snap, form)
+    model, _, _ = patch.load(snap, form, weights=p["weights"])
     host = Host(snap)
     census = tflite_file.census(path)
     meta = tflite_file.read_metadata(path)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     if set(census["signatures"]) != {"prefix", "suffix"}:
         problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
-    expected = {"revision": rec["revision"], "form": form, "kind": "pair", "P": a.prefix, "S": a.suffix}
+    expected = {
+        "revision": rec["revision"],
+        "form": form,
+        "weights": p["weights"],
+        "kind": "pair",
+        "P": a.prefix,
+        "S": a.suffix,
+    }
     problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
     # torch first: its checks fill `refs` (the row graph's and transformers' results, kept); then the
@@ -112,6 +119,7 @@ def main() -> None:
         "P": a.prefix,
         "S": a.suffix,
         "form": form,
+        "weights": p["weights"],
         "thresholds": limits,
         "passed": not problems,
         "problems": problems,

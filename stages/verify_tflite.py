@@ -9,8 +9,8 @@ import argparse
 import gc
 
 from scripts.checkpoint import snapshot
-from scripts.checks import compare, model_check, tflite_check
-from scripts.layers import kernel_form
+from scripts.checks import compare, model_check, quantization_effect, tflite_check
+from scripts.layers import kernel_form, weight_precision
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
@@ -23,7 +23,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, required=True)
     length = ap.parse_args().length
-    p = params.load(["form", "verify_tflite", "controls"])
+    p = params.load(["form", "weights", "verify_tflite", "controls"])
     form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
     limit = limits["rel_vs_torch"]
@@ -39,19 +39,23 @@ def main() -> None:
         "repo": rec["repo"],
         "revision": rec["revision"],
         "form": form,
+        "weights": p["weights"],
         "kind": "row",
         "L": length,
         "contract_version": row_graph.CONTRACT_VERSION,
     }
     problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
-    # torch first: the references, the controls' outputs and torch's latency; then the stack is freed
-    # and the interpreter loads, so the weights are never in memory twice (params.yaml `memory`)
+    # torch first: the unquantized truth, then (the weights stored at `weights`) the references, the
+    # controls' outputs and torch's latency; then the stack is freed and the interpreter loads, so the
+    # weights are never in memory twice (params.yaml `memory`)
     model, _, _ = patch.load(snap, form)
     host = Host(snap)
     vocab = model.config.vocab_size
-    graph = row_graph.ClefRowPrefill(model, length).eval()
     records = tflite_check.row_records(host, length, vocab)
+    truths = quantization_effect.truths(model, records)
+    applied = weight_precision.apply(model, p["weights"])
+    graph = row_graph.ClefRowPrefill(model, length).eval()
     expected = {kind: tflite_check.torch_reference(graph, inputs, n, form) for kind, (n, inputs) in records.items()}
     # the release packages the padded record (two thirds of L real); `clef verify` reruns it wherever it lands
     padded = records[tflite_check.REFERENCE_KIND][1]
@@ -66,9 +70,10 @@ def main() -> None:
 
     interp = tflite_check.interpreter(path)
     runner = interp.get_signature_runner()
-    rows = [
-        tflite_check.record_row(kind, n, tflite_check.run(runner, inputs), expected[kind])
-        for kind, (n, inputs) in records.items()
+    outputs = {kind: tflite_check.run(runner, inputs) for kind, (_, inputs) in records.items()}
+    rows = [tflite_check.record_row(kind, n, outputs[kind], expected[kind]) for kind, (n, _) in records.items()]
+    effect = [
+        quantization_effect.row(kind, n, outputs[kind][0, :n], truths[kind], host) for kind, (n, _) in records.items()
     ]
     problems += [f"accuracy: {line}" for line in compare.judge(rows, limits)]
     control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
@@ -89,6 +94,8 @@ def main() -> None:
         "rows": rows,
         "max_rel_vs_torch": compare.worst(rows, "rel_vs_torch"),
         "max_rel_per_position_vs_torch": compare.worst(rows, "rel_per_position_vs_torch"),
+        "weights": applied.as_dict(),
+        "quantization_effect": {**quantization_effect.summary(effect), "rows": effect},
         "control_memory_cut": {
             "rel_vs_torch": control,
             "over_threshold": compare.margin(control, limit),
@@ -125,7 +132,8 @@ def main() -> None:
         f"{doc['max_rel_per_position_vs_torch']:.2e} (bounds {limit:g}, {limits['rel_per_position_vs_torch']:g}); "
         f"memory-cut control {compare.shown(control)}; "
         f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
-        f"torch/litert time {timing['torch_over_litert']:.2f}x"
+        f"torch/litert time {timing['torch_over_litert']:.2f}x; weights {p['weights']}: top-1 agreement with "
+        f"the unquantized model {doc['quantization_effect']['min_top1_agreement']:.3f}"
     )
     if problems:
         raise ClefError(f"verify_tflite L={length} failed: {problems[0]} ({len(problems)} problems)")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from scripts.checks import compare, gpu_check, pair_check
+from scripts.layers import weight_precision
 from scripts.litert import export, gpu_accelerator, sections, tflite_file
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch
@@ -298,7 +299,7 @@ def test_a_pair_broken_back_to_broadcast_to_fails_at_export_and_on_the_gpu(two_l
 
     out = tmp_path / "pair.tflite"
     with pytest.raises(ClefError, match="census gate: op BROADCAST_TO"):
-        export.write(out, raw, {"kind": "pair"})
+        export.write(out, raw, {"kind": "pair", "weights": "fp32"}, weight_precision.Applied("fp32", 0, 0, 0, 0.0))
     assert not out.exists()
 
     with pytest.raises(ClefError) as info:

@@ -220,7 +220,7 @@ def check_signature(root: Path, key: str | None, require: bool) -> list[str] | N
 
 
 def verify(args) -> int:
-    from scripts.litert import tflite_file
+    from scripts.litert import tflite_file, weight_storage
 
     root = Path(args.release)
     if not root.is_dir():
@@ -252,11 +252,13 @@ def verify(args) -> int:
     done = 0
     for file, names in by_file.items():
         census = tflite_file.census(root / file)
-        found = reader.bundle_problems(census, file, arts)
+        meta = tflite_file.read_metadata(root / file)
+        found = reader.bundle_problems(census, file, arts) + [
+            f"{file}: {line}" for line in weight_storage.mismatch(census, reader.declared_weights(meta))
+        ]
         if found:
             problems += found
             continue
-        meta = tflite_file.read_metadata(root / file)
         records = {}
         for name in names:
             done += 1
@@ -362,7 +364,7 @@ def find_manifest(path: Path) -> Path | None:
 
 def audit(args) -> int:
     from scripts.checkpoint.snapshot import sha256_file
-    from scripts.litert import tflite_file
+    from scripts.litert import tflite_file, weight_storage
 
     path = Path(args.file)
     if not path.is_file():
@@ -377,6 +379,9 @@ def audit(args) -> int:
         raise ClefError(f"{path} has no clef_litert metadata: it was not produced by clef-litert")
     bundled = meta.get("kind") == "bundle"
     graphs = (meta.get("graphs") or {}) if bundled else {None: meta}
+    held = weight_storage.mismatch(tflite_file.census(path), reader.declared_weights(meta))
+    if held:
+        raise ClefError(f"{path}: {held[0]}")
     digest = sha256_file(path)
     print(f"file:      {path} ({path.stat().st_size} bytes, sha256 {digest[:16]})")
     print(f"model:     {meta['repo']} revision {meta['revision']} (source {meta['source']})")
@@ -407,7 +412,7 @@ def audit(args) -> int:
     if disagree:
         print(f"manifest:  {root / reader.MANIFEST} DISAGREES: {'; '.join(disagree)}")
         return 1
-    print(f"manifest:  {root / reader.MANIFEST} agrees (sha256, revision, form, shape)")
+    print(f"manifest:  {root / reader.MANIFEST} agrees (sha256, revision, form, weights, shape)")
     return audit_signature(root, manifest)
 
 
@@ -419,6 +424,7 @@ def print_graph(name: str | None, meta: dict) -> None:
     print(
         f"graph:     {name + ': ' if name else ''}{meta.get('kind')} "
         f"{' '.join(f'{k}={v}' for k, v in shape.items())}, form {meta['form']}, "
+        f"weights {reader.declared_weights(meta)}, "
         f"contract v{meta['contract_version']}{signatures}"
     )
     changed = git.get("changed", [])

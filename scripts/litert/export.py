@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from scripts.layers import kernel_form, split_linear
+from scripts.layers import kernel_form, split_linear, weight_precision
 from scripts.layers.kernel_form import Form
-from scripts.litert import tflite_file
-from scripts.pipeline import params, provenance
+from scripts.litert import tflite_file, weight_storage
+from scripts.pipeline import atomic, params, provenance
 from scripts.pipeline.errors import ClefError
 
 DEFAULT_SIGNATURE = "serving_default"  # the name litert_torch.convert gives a lone signature
@@ -66,15 +66,17 @@ def release_export_trace() -> None:
     proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
 
 
-def metadata(rec: dict, form: str, contract: dict, shape: dict, params_used: dict) -> dict:
+def metadata(rec: dict, form: str, weights: str, contract: dict, shape: dict, params_used: dict) -> dict:
     """What `clef audit` prints from the file alone. `shape` is {"kind": "row", "L": ..} or
-    {"kind": "pair", "P": .., "S": ..}; `params_used` the params.yaml values the export read."""
+    {"kind": "pair", "P": .., "S": ..}; `weights` the precision its Linear weights are stored at;
+    `params_used` the params.yaml values the export read."""
     versions = provenance.package_versions()
     return {
         "repo": rec["repo"],
         "revision": rec["revision"],
         "source": rec["source"],
         "form": form,
+        "weights": weights,
         **shape,
         "contract_version": contract["version"],
         "contract": contract,
@@ -84,11 +86,32 @@ def metadata(rec: dict, form: str, contract: dict, shape: dict, params_used: dic
     }
 
 
-def write(out: Path, raw: Path, meta: dict) -> int:
-    """The converted file `raw` (a scratch file beside `out`, used up) with the metadata embedded,
-    written atomically to `out`; -> bytes.
-    A graph that fails the census gate (tflite_file.violations) is refused here, before it is written."""
-    found = tflite_file.violations(tflite_file.census(raw))
+def write(out: Path, raw: Path, meta: dict, applied: weight_precision.Applied) -> int:
+    """The converted file `raw` (a scratch file beside `out`, used up) with its Linear weights stored
+    at `applied.precision` (the model was quantized with weight_precision.apply: `applied`) and the
+    metadata embedded, written atomically to `out`; -> bytes. Refused before anything is written: a
+    graph that fails the census gate (tflite_file.violations), and one where fewer weight elements
+    could be stored at the precision than the model's Linear layers hold (a Linear kept at float32)."""
+    if applied.precision == "fp32":
+        return _write(out, raw, meta)
+    with atomic.scratch_file(out, ".stored") as stored_path:
+        stored = weight_storage.store(raw, stored_path, applied.precision)
+        raw.unlink()
+        if stored.float32_bytes // 4 < applied.elements:
+            raise ClefError(
+                f"{out}: {stored.float32_bytes // 4} weight elements stored at {applied.precision}, the model's "
+                f"{applied.linears} Linear layers hold {applied.elements} ({stored.kept_float32} FULLY_CONNECTED "
+                "weights did not round-trip and stay float32)"
+            )
+        return _write(out, stored_path, {**meta, "weight_storage": stored.as_dict()})
+
+
+def _write(out: Path, raw: Path, meta: dict) -> int:
+    census = tflite_file.census(raw)
+    found = tflite_file.violations(census)
     if found:
         raise ClefError(f"{out}: the converted graph fails the census gate: {'; '.join(found)}")
+    found = weight_storage.mismatch(census, meta["weights"])
+    if found:
+        raise ClefError(f"{out}: {'; '.join(found)}")
     return tflite_file.write_with_metadata(raw, out, meta, consume=True)

@@ -135,7 +135,9 @@ def census(source) -> dict:
     max_rank = 0
     per_gdn = collections.Counter()
     low_rank = collections.Counter()
+    weight_types = collections.Counter()
     for sg in model.subgraphs:
+        weight_types.update(_fully_connected_weight_types(model, sg))
         for t in sg.tensors:
             dtypes[_TYPE_NAMES.get(t.type, str(t.type))] += 1
             max_rank = max(max_rank, len(t.shape) if t.shape is not None else 0)
@@ -145,7 +147,8 @@ def census(source) -> dict:
             if name in RANK_LIMITED_OPS and len(sg.tensors[op.inputs[0]].shape) < RANK_LIMITED_OPS[name]:
                 low_rank[name] += 1
             first_path = text(sg.tensors[op.outputs[0]].name).split(";")[0] if len(op.outputs) else ""
-            if m := _GDN_LAYER.search(first_path):
+            stored_weight = name == "DEQUANTIZE" and buffer_bytes(model.buffers[sg.tensors[op.inputs[0]].buffer])
+            if not stored_weight and (m := _GDN_LAYER.search(first_path)):
                 per_gdn[int(m.group(1))] += 1
     constant_bytes = [buffer_bytes(b) for b in model.buffers or []]
     signatures = {}
@@ -186,8 +189,30 @@ def census(source) -> dict:
         "subgraphs": len(model.subgraphs),
         "ops_per_gdn_layer": {str(k): v for k, v in sorted(per_gdn.items())},
         "low_rank_ops": dict(sorted(low_rank.items())),
+        "fully_connected_weights": dict(sorted(weight_types.items())),
         "signatures": signatures,
     }
+
+
+def _fully_connected_weight_types(model, sg) -> list[str]:
+    """The type each FULLY_CONNECTED's constant weight is stored as, once per weight tensor: its own
+    type, or the stored type a DEQUANTIZE reads it from (scripts/litert/weight_storage.py)."""
+    dequantized = {}
+    for op in sg.operators:
+        if op_name(model, op) == "DEQUANTIZE" and buffer_bytes(model.buffers[sg.tensors[op.inputs[0]].buffer]):
+            dequantized[op.outputs[0]] = sg.tensors[op.inputs[0]].type
+    seen, out = set(), []
+    for op in sg.operators:
+        if op_name(model, op) != "FULLY_CONNECTED" or len(op.inputs) < 2 or op.inputs[1] in seen:
+            continue
+        index = op.inputs[1]
+        t = sg.tensors[index]
+        if index in dequantized:
+            out.append(_TYPE_NAMES.get(dequantized[index], "?"))
+        elif buffer_bytes(model.buffers[t.buffer]):
+            out.append(_TYPE_NAMES.get(t.type, "?"))
+        seen.add(index)
+    return out
 
 
 def violations(c: dict) -> list[str]:

@@ -3,10 +3,11 @@
 scripts/layers/weight_precision.py replaces each Linear weight with the values its stored form
 stands for before the conversion, so the converter writes those values as float32. `store` finds
 each FULLY_CONNECTED's constant weight and, where every element round-trips exactly, stores it as
-float16 or as int8 codes with one scale per output row, read by a DEQUANTIZE op placed at the start
-of the subgraph (the form TensorFlow Lite's own float16 and weight-only quantization writes; the CPU
-and GPU accelerators fold it into the weights when they load the graph). A weight that does not
-round-trip is kept as float32 and counted, never rounded here: this step changes no value.
+float16 or as int8 codes with one scale per output row, read by a DEQUANTIZE op placed just before
+the first op that uses the weight (a graph cut into sections keeps each weight in its section). It
+is the form TensorFlow Lite's own float16 and weight-only quantization writes; the CPU and GPU
+accelerators fold it into the weights when they load the graph. A weight that does not round-trip
+is kept as float32 and counted, never rounded here: this step changes no value.
 
 `dynamic` (int8 only) instead gives the FULLY_CONNECTED the int8 weight itself, per-channel scales
 on the tensor: the hybrid kernel, which quantizes the activations too while it runs (XNNPACK's
@@ -27,6 +28,8 @@ from scripts.litert import model_writer, tflite_file
 from scripts.pipeline.errors import ClefError
 
 INT8_SCHEMES = ("weight_only", "dynamic")
+# The tensor type each precision stores a Linear weight as (tflite_file.census: fully_connected_weights).
+STORED_TYPE = {"fp32": "FLOAT32", "fp16": "FLOAT16", "int8": "INT8"}
 _SCALE_STEPS = 4  # neighbouring float32 scales tried when max|row| / 127 does not reproduce a row
 
 
@@ -44,6 +47,24 @@ class Stored:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def mismatch(census: dict, declared: str) -> list[str]:
+    """A graph whose metadata says its weights are `declared` against the types its FULLY_CONNECTED
+    weights are stored as (a constant that is not a Linear's may stay FLOAT32): one line per problem."""
+    held = {t for t, n in census["fully_connected_weights"].items() if n}
+    want = STORED_TYPE.get(declared)
+    if want is None:
+        return [f"metadata says weights {declared!r}, not one of {', '.join(STORED_TYPE)}"]
+    others = sorted(held - {want, "FLOAT32"})
+    out = (
+        [f"metadata says weights {declared}, but FULLY_CONNECTED weights are stored as {', '.join(others)}"]
+        if others
+        else []
+    )
+    if want not in held:
+        out.append(f"metadata says weights {declared}, but no FULLY_CONNECTED weight is stored as {want}")
+    return out
 
 
 def encode_fp16(w: np.ndarray) -> np.ndarray | None:
@@ -106,6 +127,19 @@ def _opcode(model, builtin: int) -> int:
     return len(model.operatorCodes) - 1
 
 
+def _place_before_first_use(sg, ops: list) -> None:
+    """Insert each (tensor, DEQUANTIZE) just before the first operator that reads the tensor."""
+    by_tensor = dict(ops)
+    placed, out = set(), []
+    for op in sg.operators:
+        for t in op.inputs if op.inputs is not None else []:
+            if t in by_tensor and t not in placed:
+                out.append(by_tensor[t])
+                placed.add(t)
+        out.append(op)
+    sg.operators = out
+
+
 def _read(mm, buffer) -> np.ndarray:
     if buffer.offset > 1:
         return np.frombuffer(mm, np.float32, buffer.size // 4, buffer.offset).copy()
@@ -147,6 +181,7 @@ def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
             float_bytes += w.nbytes
             stored_bytes += len(data) + (scales.nbytes if scales is not None else 0)
         dequantize = _opcode(model, schema.BuiltinOperator.DEQUANTIZE) if encoded and scheme == "weight_only" else None
+        added: dict[int, list] = {}  # subgraph -> (tensor, DEQUANTIZE op)
         still_read = set()
         for b, users in weights.items():
             if b not in encoded:
@@ -168,8 +203,10 @@ def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
                 sg.tensors.append(stored)
                 op = schema.OperatorT()
                 op.opcodeIndex, op.inputs, op.outputs = dequantize, [len(sg.tensors) - 1], [ti]
-                sg.operators.insert(0, op)
+                added.setdefault(si, []).append((ti, op))
                 t.buffer = 0  # now computed: the DEQUANTIZE's output
+        for si, ops in added.items():
+            _place_before_first_use(model.subgraphs[si], ops)
         for sg in model.subgraphs:
             still_read.update(t.buffer for t in sg.tensors)
         for i, buffer in enumerate(model.buffers):

@@ -44,13 +44,13 @@ def pair_path(prefix: int, suffix: int) -> Path:
     return PAIRS / f"{pair_name(prefix, suffix)}.tflite"
 
 
-def release_name(rec: dict, form: str) -> str:
-    """<model>-<revision[:12]>-<form>: what the release's tarball and its bundle are called."""
-    return f"{rec['repo'].split('/')[-1]}-{rec['revision'][:12]}-{form}"
+def release_name(rec: dict, form: str, weights: str) -> str:
+    """<model>-<revision[:12]>-<form>-<weights>: what the release's tarball and its bundle are called."""
+    return f"{rec['repo'].split('/')[-1]}-{rec['revision'][:12]}-{form}-{weights}"
 
 
-def bundle_path(rec: dict, form: str) -> Path:
-    return BUNDLE / f"{release_name(rec, form)}.tflite"
+def bundle_path(rec: dict, form: str, weights: str) -> Path:
+    return BUNDLE / f"{release_name(rec, form, weights)}.tflite"
 
 
 def bundle_signatures(kind: str, shape: dict) -> dict[str, str]:

@@ -197,12 +197,15 @@ def count_interleave(module: nn.Module):
             m.__dict__.pop("interleave_heads", None)
 
 
-def load(snapshot, form: str, progress: bool = True, block: bool = False):
+def load(snapshot, form: str, progress: bool = True, block: bool = False, weights: str = "fp32"):
     """The fp32 stack of `snapshot` (block: its first block only, text_stack.first_block) patched for the
-    row graph with kernel form `form` applied; -> (model, load facts, what the form changed)."""
-    from scripts.layers import gated_delta
+    row graph with kernel form `form` applied and its Linear weights holding what they hold once stored
+    at `weights` (scripts/layers/weight_precision.py); -> (model, load facts, what the form changed).
+    The facts' `weights` is the weight_precision.Applied record."""
+    from scripts.layers import gated_delta, weight_precision
     from scripts.qwen35 import text_stack
 
     model, info = text_stack.load_text_stack(snapshot, progress=progress, block=block)
+    info = {**info, "weights": weight_precision.apply(model, weights)}  # the checkpoint's values, then the form
     patch(model)
     return model, info, gated_delta.set_form(model, form)

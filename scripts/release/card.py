@@ -86,8 +86,24 @@ def own_file(artifact: dict, bundle: dict | None) -> str:
     return " | " if bundle else f"{artifact['bytes']} | `{artifact['sha256'][:16]}`"
 
 
+# What the card says of each params.yaml `weights` (scripts/layers/weight_precision.py).
+WEIGHTS_SAID = {
+    "fp32": "Weights and arithmetic fp32",
+    "fp16": "Linear weights stored as fp16 (the checkpoint's bf16 values), arithmetic fp32",
+    "int8": "Linear weights stored as int8, one scale per output channel, arithmetic fp32",
+}
+
+
 def render(
-    name: str, rec: dict, form: str, host: dict, artifacts: dict, overall: dict, signed: dict, bundle: dict | None
+    name: str,
+    rec: dict,
+    form: str,
+    weights: str,
+    host: dict,
+    artifacts: dict,
+    overall: dict,
+    signed: dict,
+    bundle: dict | None,
 ) -> str:
     rows = sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
     pairs = sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: (a["P"], a["S"]))
@@ -95,7 +111,7 @@ def render(
         f"# {name}",
         "",
         f"LiteRT graphs of the text stack of `{rec['repo']}` at revision `{rec['revision']}` "
-        f"(source: {rec['source']}), GatedDeltaNet kernel form `{form}`. fp32 throughout; the "
+        f"(source: {rec['source']}), GatedDeltaNet kernel form `{form}`. {WEIGHTS_SAID[weights]}; the "
         "embedding lookup, the M-RoPE tables and the lm_head run on the host.",
         "",
         "## Files",

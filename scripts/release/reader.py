@@ -24,7 +24,7 @@ from scripts.release.signing import SIGNATURE
 
 # 2: `signing`, and `max_over_recorded` in every reference entry; 3: `artifacts` keyed by graph name, each
 # naming the `file` that holds it and its `signature_names` there (a bundle holds them all), `layout`, `bundle`
-FORMAT = "clef-litert-release/3"
+FORMAT = "clef-litert-release/4"
 
 
 MANIFEST = "manifest.json"
@@ -109,11 +109,18 @@ def bundle_problems(census: dict, file: str, artifacts: dict) -> list[str]:
     ]
 
 
+def declared_weights(meta: dict | None) -> str:
+    """The precision a file's metadata says its Linear weights are stored at (a graph made before
+    params.yaml had `weights` says nothing, and stored float32)."""
+    return (meta or {}).get("weights", "fp32")
+
+
 def expected_metadata(manifest: dict, artifact: dict) -> dict:
     """What a release's graph must say of itself (tflite_file.read_metadata) given its manifest entry."""
     return {
         "revision": manifest["model"]["revision"],
         "form": manifest["form"],
+        "weights": manifest["weights"],
         "kind": artifact["kind"],
         **{k: artifact[k] for k in ("L", "P", "S") if k in artifact},
     }
