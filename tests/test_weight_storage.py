@@ -142,3 +142,46 @@ def test_dynamic_range_int8_quantizes_the_activations_too(graphs, tmp_path):
     path, stored = graph(model, "int8", tmp_path, "dynamic")
     assert stored.weights == 2 and "DEQUANTIZE" not in tflite_file.census(path)["ops"]
     assert compare.rel(run(path).double(), exact(model)) > 1e-4
+
+
+def test_each_dequantize_sits_just_before_the_first_op_that_reads_its_weight(graphs):
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    _, path, _ = graphs["fp16"]
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
+    ops = [(tflite_file.op_name(model, op), list(op.inputs), list(op.outputs)) for op in model.subgraphs[0].operators]
+    for i, (name, _, outs) in enumerate(ops):
+        if name == "DEQUANTIZE":
+            assert ops[i + 1][0] == "FULLY_CONNECTED" and outs[0] in ops[i + 1][1], ops
+
+
+def test_the_census_tells_the_stored_precision_and_a_mismatch_is_named(graphs):
+    held = {p: tflite_file.census(graphs[p][1])["fully_connected_weights"] for p in graphs}
+    assert held == {"fp32": {"FLOAT32": 2}, "fp16": {"FLOAT16": 2}, "int8": {"INT8": 2}}
+    for p in graphs:
+        census = tflite_file.census(graphs[p][1])
+        assert weight_storage.mismatch(census, p) == []
+        others = [q for q in graphs if q != p]
+        assert all(weight_storage.mismatch(census, q) for q in others), p
+    assert weight_storage.mismatch(tflite_file.census(graphs["fp16"][1]), "fp32") == [
+        "metadata says weights fp32, but FULLY_CONNECTED weights are stored as FLOAT16"
+    ]
+
+
+def test_export_refuses_a_graph_whose_metadata_names_another_precision(graphs, tmp_path):
+    import shutil
+
+    _, path, _ = graphs["int8"]
+    raw = tmp_path / "copy.raw"
+    shutil.copy(path, raw)
+    out = tmp_path / "out.tflite"
+    with pytest.raises(ClefError, match="metadata says weights fp16, but FULLY_CONNECTED weights are stored as INT8"):
+        export._write(out, raw, {"weights": "fp16"})
+    assert not out.exists()
+
+
+def test_the_card_says_every_precision():
+    from scripts.pipeline.params import WEIGHT_PRECISIONS
+    from scripts.release import card
+
+    assert tuple(card.WEIGHTS_SAID) == WEIGHT_PRECISIONS == tuple(weight_storage.STORED_TYPE)
