@@ -128,6 +128,16 @@ def main() -> None:
         largest = max((g.path for g in graphs), key=lambda f: f.stat().st_size)
         over_graph = merged.bytes / largest.stat().st_size
         gpu_whole = params.gpu_depth(p["verify_gpu"]["layers"], p["model"]["source"]) == "all"
+        gpu_takes_it = p["weights"] != "int8"  # the accelerator refuses int8 weights (verify_gpu records it)
+        gpu_whole, gpu_why = (
+            gpu_whole and gpu_takes_it,
+            (
+                "weights int8: the GPU accelerator refuses the graphs (verify_gpu records the op)"
+                if not gpu_takes_it
+                else f"verify_gpu.layers resolves to block for model.source {p['model']['source']}: "
+                "the GPU runs sections of the first block, not whole graphs"
+            ),
+        )
         rows = identity_cpu(path, graphs) + (identity_gpu(path, graphs, census) if gpu_whole else [])
         problems = [f"census: {v}" for v in found]
         if over_graph > p["bundle"]["max_bytes_over_graph"]:
@@ -158,10 +168,7 @@ def main() -> None:
             "max_bytes_over_graph": p["bundle"]["max_bytes_over_graph"],
             "identity": rows,
             "gpu_checked": gpu_whole,
-            "gpu_not_checked_why": None
-            if gpu_whole
-            else f"verify_gpu.layers resolves to block for model.source {p['model']['source']}: "
-            "the GPU runs sections of the first block, not whole graphs",
+            "gpu_not_checked_why": None if gpu_whole else gpu_why,
             "memory": memory(path, largest, ("cpu", "gpu") if gpu_whole else ("cpu",)),
             "memory_goal_over_graph": p["bundle"]["memory_goal_over_graph"],
             "census": {k: census[k] for k in ("op_total", "max_rank", "subgraphs", "dtypes")},

@@ -25,8 +25,6 @@ def main() -> None:
 
     clock = Stopwatch()
     model, info, _ = patch.load(path, str(form), weights=p["weights"])
-    graph = row_graph.ClefRowPrefill(model, length)
-    sample = Host(path).record([0], length)
     contract = row_graph.contract(model.config, length, str(form))
     out = layout.row_path(length)
     meta = export.metadata(
@@ -38,7 +36,7 @@ def main() -> None:
         {"form": p["form"], "weights": p["weights"], "length": length},
     )
     with atomic.scratch_file(out, ".raw") as raw:
-        export.convert(graph, sample, raw)
+        export.convert_row(model, Host(path), length, raw)
         size = export.write(out, raw, meta, info["weights"])
     doc = {
         "L": length,

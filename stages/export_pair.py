@@ -3,8 +3,6 @@
 
 import argparse
 
-import torch
-
 from scripts.checkpoint import snapshot
 from scripts.layers import kernel_form
 from scripts.litert import export
@@ -32,11 +30,6 @@ def main() -> None:
     clock = Stopwatch()
     model, info, _ = patch.load(path, str(form), weights=p["weights"])
     host = Host(path)
-    prefix = pair_graph.PairPrefix(model, a.prefix).eval()
-    suffix = pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()
-    first = host.record([0], a.prefix)
-    with torch.no_grad():
-        state = {k: v for k, v in prefix(**first).items() if k != "hidden"}
     contract = pair_graph.contract(model, a.prefix, a.suffix, str(form))
     out = layout.pair_path(a.prefix, a.suffix)
     meta = export.metadata(
@@ -48,9 +41,7 @@ def main() -> None:
         {"form": p["form"], "weights": p["weights"], "prefix": a.prefix, "suffix": a.suffix},
     )
     with atomic.scratch_file(out, ".raw") as raw:
-        export.convert_signatures(
-            {"prefix": (prefix, first), "suffix": (suffix, {**host.record([0], a.suffix, start=1), **state})}, raw
-        )
+        export.convert_pair(model, host, a.prefix, a.suffix, raw)
         size = export.write(out, raw, meta, info["weights"])
     name = f"export_{layout.pair_name(a.prefix, a.suffix)}"
     doc = {

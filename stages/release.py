@@ -88,6 +88,8 @@ GPU_FIGURES = (
 def gpu_section(name: str) -> dict:
     """What verify_gpu measured for one graph on LiteRT's GPU accelerator, and the device that ran it."""
     doc = layout.read_record(layout.gpu_result_path(name))
+    if "refused" in doc:  # int8 weights (stages/verify_gpu.py refused)
+        return {"fully_accelerated": False, "refused": doc["refused"]}
     return {k: doc[k] for k in GPU_FIGURES}
 
 

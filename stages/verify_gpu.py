@@ -48,6 +48,8 @@ def main() -> None:
     if found:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
     layout.require(layout.result_path("stack"), "stack")
+    if p["weights"] == "int8" and (refusal := gpu_check.int8_refusal(path, census)) is not None:
+        return refused(name, path, census, p["weights"], form, refusal, a)
     config = text_stack.text_config(snap)
     layers = gpu_check.checked_layers(p["verify_gpu"]["layers"], config, p["model"]["source"])
     graph = sections.SectionedGraph(
@@ -167,6 +169,27 @@ def main() -> None:
     )
     if problems:
         raise ClefError(f"verify_gpu {path}: {problems[0]} ({len(problems)} problems)")
+
+
+def refused(name: str, path, census: dict, weights: str, form: str, refusal: str, a) -> None:
+    """An int8 graph the GPU accelerator refuses: recorded with the op it refuses, not failed (README,
+    "Weights": an int8 release runs on the CPU accelerator; fp16 storage is what a GPU takes)."""
+    shape = {"L": a.length} if a.length is not None else {"P": a.prefix, "S": a.suffix}
+    doc = {
+        "graph": str(path),
+        "form": form,
+        "weights": weights,
+        "kind": "row" if a.length is not None else "pair",
+        **shape,
+        "passed": True,
+        "problems": [],
+        "fully_accelerated": False,
+        "refused": refusal,
+        "signatures": sorted(census["signatures"]),
+    }
+    atomic.write_json(layout.gpu_result_path(name), doc)
+    metrics.write(name, passed=True, fully_accelerated=False, **shape)
+    print(f"verify_gpu {path.name}: weights {weights}: the GPU accelerator refuses it: {refusal}")
 
 
 if __name__ == "__main__":

@@ -185,3 +185,34 @@ def test_the_card_says_every_precision():
     from scripts.release import card
 
     assert tuple(card.WEIGHTS_SAID) == WEIGHT_PRECISIONS == tuple(weight_storage.STORED_TYPE)
+
+
+def test_the_gpu_accelerator_takes_fp16_weights_and_refuses_int8_naming_the_op(graphs):
+    from scripts.checks import gpu_check
+    from scripts.litert import gpu_accelerator
+
+    model, fp16, _ = graphs["fp16"]
+    for mode in gpu_accelerator.MODES:
+        compiled = gpu_accelerator.compile(fp16, mode)
+        assert compiled.fully_accelerated
+        if mode == "fp32":
+            got = compiled.signature("serving_default")(x=X)["y"]
+            assert compare.rel(got.double(), exact(model)) < 1e-5
+        compiled.close()
+    assert gpu_check.int8_refusal(fp16, tflite_file.census(fp16)) is None
+    _, int8, _ = graphs["int8"]
+    refusal = gpu_check.int8_refusal(int8, tflite_file.census(int8))
+    assert refusal is not None and refusal.startswith("DEQUANTIZE of an int8 weight into FULLY_CONNECTED (2 such")
+    assert "Shape mismatch" in refusal, refusal
+
+
+def test_the_gpu_accelerator_does_not_take_dynamic_range_int8_on_this_toy(graphs, tmp_path):
+    """The other reason `weights: int8` is weight-only: the accelerator's hybrid FULLY_CONNECTED is not to be
+    relied on. On this graph it fails to build a kernel; on the tiny checkpoint's row graph it compiles whole
+    and answers 1.3 times the output's size off (results/weights.json, int8_dynamic, gpu)."""
+    from scripts.litert import gpu_accelerator
+
+    model, _, _ = graphs["int8"]
+    path, _ = graph(model, "int8", tmp_path, "dynamic")
+    with pytest.raises(ClefError, match="Unable to parse bc coord for BATCH axis"):
+        gpu_accelerator.compile(path, "fp32")

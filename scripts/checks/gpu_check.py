@@ -32,6 +32,7 @@ from scripts.checks import compare, layerwise, model_check, pair_check
 from scripts.litert import gpu_accelerator
 from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import params
+from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
@@ -396,3 +397,16 @@ def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
         "modes": {m: asdict(f) for m, f in modes.items()},
     }
     return doc, problems
+
+
+def int8_refusal(path, census: dict) -> str | None:
+    """Whether LiteRT's GPU accelerator takes a graph whose Linear weights are stored as int8 (the
+    DEQUANTIZE of each into its FULLY_CONNECTED): None where it compiles the whole graph alone, else
+    the refusal naming the op, in the accelerator's words. Compiled in fp32 mode; the refusal is the
+    kernel builder's, before any precision applies."""
+    try:
+        gpu_accelerator.compile(path, "fp32", census).close()
+    except ClefError as e:
+        held = census["fully_connected_weights"].get("INT8", 0)
+        return f"DEQUANTIZE of an int8 weight into FULLY_CONNECTED ({held} such weights): {str(e).split(': ', 1)[-1]}"
+    return None

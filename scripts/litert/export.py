@@ -56,6 +56,29 @@ def convert_signatures(signatures: dict, path: Path) -> None:
         release_export_trace()
 
 
+def convert_row(model, host, length: int, path: Path) -> None:
+    """The row graph of L=`length` of the patched stack `model` converted to `path` (a scratch file)."""
+    from scripts.qwen35 import row_graph
+
+    convert(row_graph.ClefRowPrefill(model, length), host.record([0], length), path)
+
+
+def convert_pair(model, host, prefix: int, suffix: int, path: Path) -> None:
+    """The pair of prefix P and suffix S of `model`: its two signatures over one copy of the weights,
+    each traced on a record of its own shape (the suffix's state from the prefix's)."""
+    from scripts.qwen35 import pair_graph
+
+    first_half = pair_graph.PairPrefix(model, prefix).eval()
+    second_half = pair_graph.PairSuffix(model, prefix, suffix).eval()
+    first = host.record([0], prefix)
+    with torch.no_grad():
+        state = {k: v for k, v in first_half(**first).items() if k != "hidden"}
+    convert_signatures(
+        {"prefix": (first_half, first), "suffix": (second_half, {**host.record([0], suffix, start=1), **state})},
+        path,
+    )
+
+
 def release_export_trace() -> None:
     """Drop what torch.export keeps of its last trace. torch 2.13 leaves a module-level map from fake
     tensors to graph nodes (`_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT`, cleared only when the next

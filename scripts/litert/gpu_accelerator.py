@@ -54,6 +54,10 @@ _VALIDATION = re.compile(r"Validation error: (.+)")
 # fresh output buffers (the previous run queued ahead of it, its shaders compiled), RUN_ATTEMPTS in all.
 LOCK_TIMEOUT = "Failed to lock custom tensor buffer"
 RUN_ATTEMPTS = 3
+# The accelerator's kernel builder refusing a graph it accepted op by op, e.g. a FULLY_CONNECTED whose
+# weight is the DEQUANTIZE of an int8 constant: "Shape mismatch: {bhwc, {256, 1, 1, 1024}} vs ..."
+# (a float16 constant's DEQUANTIZE it folds into the weight; an int8 one it does not).
+_KERNEL = re.compile(r"Failed to create litert::ml_drift::DelegateKernelLiteRt: (.+)")
 _NO_ADAPTER = ("No adapters found", "Failed to create WebGPU", "No GPU adapter", "Failed to create a WebGPU")
 
 
@@ -263,10 +267,11 @@ def compile(path, mode: str = "fp32", census: dict | None = None) -> Compiled:  
             else ""
         )
         where = holding(census, refused[0].split(":")[0]) if refused else []
+        kernel = _KERNEL.search(text)
         first = (
             f"first refused op {refused[0]}" + (f" in signature {', '.join(where)}" if where else "")
             if refused
-            else f"the accelerator said: {error}"
+            else f"the accelerator said: {error}" + (f" ({kernel.group(1).strip()})" if kernel else "")
         )
         raise ClefError(f"{path} ({mode}): not compiled for the GPU accelerator alone on {name}: {first}{counts}")
     return Compiled(path, mode, model, name, bool(accelerated), text)

@@ -234,7 +234,9 @@ def render(
             ref["threshold"],
             ref.get("threshold_per_position"),
         )
-        if "gpu" in a:
+        if "gpu" in a and "refused" in a["gpu"]:
+            out.append(f"| {what}: GPU accelerator | refused: {a['gpu']['refused']} | | |")
+        elif "gpu" in a:
             g = a["gpu"]
             line(
                 f"{what}: GPU accelerator, fp32 (enforce_f32) vs torch",
@@ -254,7 +256,7 @@ def render(
                     f"{'met' if m['within_target'] else 'not met'} ({m['over_floor']:.1f} x, "
                     f"{m['over_floor_per_position']:.1f} x per position) |"
                 )
-    gpus = [a["gpu"] for a in artifacts.values() if "gpu" in a]
+    gpus = [a["gpu"] for a in artifacts.values() if "gpu" in a and "refused" not in a["gpu"]]
     if gpus:
         checked, layers = gpus[0]["layers_checked"], gpus[0]["layers"]
         out += [

@@ -1,0 +1,275 @@
+"""`make weights-bench`: a workspace's L=64 row graph with its Linear weights stored at each precision,
+side by side in one run -> <workspace>/results/weights.json.
+
+For each variant (VARIANTS: fp32, fp16 and int8 as params.yaml `weights` makes them, and int8 with
+the dynamic-range kernel, measured to choose between the two int8 schemes) the stack is loaded with
+the stored weights, the graph converted and stored, and on the same host-built records:
+- size: the graph's bytes (and the bundle's, derived: the workspace's bundle holds one copy of the
+  weights, so it shrinks by what one graph does);
+- conversion error: the graph against the torch model with the same stored weights (the bound of
+  verify_tflite, 1e-4), on LiteRT's CPU accelerator, and on the GPU accelerator in every mode where
+  the workspace's GPU checks run whole graphs (the tiny checkpoint), or the accelerator's refusal;
+- the quantization's effect: the graph against stock float64 with the checkpoint's weights, and the
+  lm_head's decisions (scripts/checks/quantization_effect.py);
+- against the fp32-stored graph's outputs: what the storage alone changes;
+- speed: LiteRT CPU and torch eager medians on one record, the GPU accelerator's, and the CPU's rate
+  against this machine's fp32 matmul peak (scripts/bench/report.py).
+Then, where the workspace's graphs are fp32 or fp16, every graph it releases is converted at the other
+of the two and run on its reference record beside the workspace's file: how default `weights` was
+chosen (README, "Weights").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from scripts.bench import report
+from scripts.checkpoint import snapshot
+from scripts.checks import bundle_check, compare, quantization_effect, tflite_check
+from scripts.layers import kernel_form
+from scripts.litert import export, gpu_accelerator, tflite_file, weight_storage
+from scripts.litert.cpu_graph import CpuGraph
+from scripts.pipeline import atomic, layout, params
+from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.measure import Stopwatch, median_seconds
+from scripts.qwen35 import patch, row_graph
+from scripts.qwen35.host import Host
+from scripts.release import references
+
+VARIANTS = (("fp32", "weight_only"), ("fp16", "weight_only"), ("int8", "weight_only"), ("int8", "dynamic"))
+BENCH_L = 64
+REPEATS = 5
+GPU_REPEATS = 3
+RESULT = "weights"
+
+
+def variant_name(precision: str, scheme: str) -> str:
+    return precision if scheme == "weight_only" else f"{precision}_{scheme}"
+
+
+def gpu_figures(path: Path, records: dict, expected: dict) -> dict:
+    """Each GPU mode on the graph: compiled alone, the worst error against torch over the records and the
+    median seconds of a run; or the accelerator's refusal, in its words."""
+    out = {}
+    census = tflite_file.census(path)
+    for mode in gpu_accelerator.MODES:
+        try:
+            compiled = gpu_accelerator.compile(path, mode, census)
+        except ClefError as e:
+            out[mode] = {"compiled": False, "refused": str(e).split(": ", 1)[-1]}
+            continue
+        try:
+            run = compiled.signature(export.DEFAULT_SIGNATURE)
+            rows = [
+                compare.figures("vs_torch", run(**inputs)["hidden"][0, :n], expected[kind])
+                for kind, (n, inputs) in records.items()
+            ]
+            timed = records[tflite_check.REFERENCE_KIND][1]
+            out[mode] = {
+                "compiled": True,
+                "fully_accelerated": compiled.fully_accelerated,
+                "max_rel_vs_torch": compare.worst(rows, "rel_vs_torch"),
+                "max_rel_per_position_vs_torch": compare.worst(rows, "rel_per_position_vs_torch"),
+                "median_s": median_seconds(lambda run=run, timed=timed: run(**timed), GPU_REPEATS),
+            }
+        finally:
+            compiled.close()
+    return out
+
+
+def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, truths: dict, base: dict, **how) -> dict:
+    """One variant: convert, store, and measure (module doc); `base` holds the fp32 graph's outputs once
+    that variant has run ({} before)."""
+    precision, scheme = variant
+    host, peak, scratch, gpu = how["host"], how["peak"], how["scratch"], how["gpu"]
+    clock = Stopwatch()
+    model, info, _ = patch.load(snap, form, progress=False, weights=precision)
+    graph = row_graph.ClefRowPrefill(model, BENCH_L).eval()
+    with torch.no_grad():
+        expected = {kind: graph(**inputs)["hidden"][0, :n] for kind, (n, inputs) in records.items()}
+    timed = records[tflite_check.REFERENCE_KIND][1]
+    torch_s = statistics.median(tflite_check.torch_times(graph, timed, REPEATS))
+    raw, path = scratch / f"{variant_name(*variant)}.raw", scratch / f"{variant_name(*variant)}.tflite"
+    export.convert_row(model, host, BENCH_L, raw)
+    del graph, model
+    gc.collect()
+    stored = weight_storage.store(raw, path, precision, scheme)
+    raw.unlink()
+    convert_s = clock.seconds()
+    lite = CpuGraph(path)
+    runner = lite.get_signature_runner()
+    outputs = {kind: tflite_check.run(runner, inputs)[0, :n] for kind, (n, inputs) in records.items()}
+    litert_s = statistics.median(tflite_check.litert_times(runner, timed, REPEATS))
+    lite.close()
+    flops = sum(tflite_file.matmul_flops(path).values())
+    conversion = [{"record": kind, **compare.figures("vs_torch", outputs[kind], expected[kind])} for kind in records]
+    effect = [quantization_effect.row(kind, n, outputs[kind], truths[kind], host) for kind, (n, _) in records.items()]
+    storage_alone = [{"record": kind, **compare.figures("vs_fp32_graph", outputs[kind], base[kind])} for kind in base]
+    row = {
+        "weights": precision,
+        "scheme": scheme,
+        "bytes": path.stat().st_size,
+        "stored": stored.as_dict(),
+        "applied": info["weights"].as_dict(),
+        "convert_seconds": convert_s,
+        "census": {k: v for k, v in tflite_file.census(path).items() if k in ("op_total", "ops", "dtypes")},
+        "conversion": {
+            "max_rel_vs_torch": compare.worst(conversion, "rel_vs_torch"),
+            "max_rel_per_position_vs_torch": compare.worst(conversion, "rel_per_position_vs_torch"),
+            "rows": conversion,
+        },
+        "quantization_effect": {**quantization_effect.summary(effect), "rows": effect},
+        "vs_fp32_graph": {
+            "max_rel": compare.worst(storage_alone, "rel_vs_fp32_graph"),
+            "max_rel_per_position": compare.worst(storage_alone, "rel_per_position_vs_fp32_graph"),
+            "rows": storage_alone,
+        }
+        if base
+        else None,
+        "cpu": {
+            "litert_median_s": litert_s,
+            "torch_median_s": torch_s,
+            "torch_over_litert": torch_s / litert_s,
+            "matmul_gflops": flops / litert_s / 1e9,
+            "fraction_of_peak": flops / litert_s / 1e9 / peak["gflops"],
+        },
+        "gpu": gpu_figures(path, records, expected) if gpu else None,
+    }
+    if not base and precision == "fp32":
+        base.update(outputs)
+    path.unlink()
+    print(
+        f"weights-bench {variant_name(*variant)}: {row['bytes']} bytes, conversion error "
+        f"{compare.shown(row['conversion']['max_rel_vs_torch'])}, top-1 agreement "
+        f"{row['quantization_effect']['min_top1_agreement']:.3f}, LiteRT CPU {litert_s * 1e3:.1f} ms "
+        f"({row['cpu']['fraction_of_peak']:.2f} of peak)",
+        flush=True,
+    )
+    return row
+
+
+def other_precision(snap: Path, form: str, ws: Path, p: dict, host: Host, scratch: Path) -> dict | None:
+    """Every graph the workspace releases converted at the other of fp32 / fp16 and run on its reference
+    record beside the workspace's file: identical outputs or the difference, per graph."""
+    have = p["weights"]
+    if have not in ("fp32", "fp16"):
+        return None
+    other = "fp16" if have == "fp32" else "fp32"
+    model, _, _ = patch.load(snap, form, progress=False, weights=other)
+    rows = []
+    for g in bundle_check.planned(p["lengths"], p["pairs"]):
+        mine = ws / g.path
+        record = references.load_reference(ws / layout.REFERENCES, layout.reference_path(g.path).name)
+        raw, path = scratch / f"{g.name}.raw", scratch / f"{g.name}.tflite"
+        if g.kind == "row":
+            export.convert_row(model, host, g.shape["L"], raw)
+        else:
+            export.convert_pair(model, host, g.shape["P"], g.shape["S"], raw)
+        weight_storage.store(raw, path, other)
+        raw.unlink()
+        _, theirs = bundle_check.run_record(references.interpreter_signature(CpuGraph(path)), g.kind, record)
+        _, ours = bundle_check.run_record(references.interpreter_signature(CpuGraph(mine)), g.kind, record)
+        fp32, fp16 = (ours, theirs) if have == "fp32" else (theirs, ours)
+        rows.append(
+            {
+                "graph": g.name,
+                "bytes": {have: mine.stat().st_size, other: path.stat().st_size},
+                **bundle_check.difference(fp16, fp32),
+            }
+        )
+        path.unlink()
+    del model
+    gc.collect()
+    return {
+        "workspace_weights": have,
+        "converted_at": other,
+        "what": "every graph's reference record through its fp16-stored and fp32-stored files, CPU accelerator; "
+        "max_rel: the fp16 file's outputs against the fp32 file's (compare.rel)",
+        "rows": rows,
+        "max_rel": compare.worst(rows, "max_rel"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workspace", type=Path, default=Path("."))
+    ap.add_argument("--skip-reference-records", action="store_true", help="not the every-graph comparison")
+    a = ap.parse_args()
+    ws = a.workspace
+    if not (ws / "results/snapshot.json").is_file():
+        raise ClefError(f"no pipeline run in {ws}: run make release (or make real-width) first")
+    p = params.load(["form", "lengths", "pairs", "model.source", "verify_gpu.layers"], path=ws / "params.yaml")
+    p["weights"] = p.get("weights", "fp32")  # a workspace from before params.yaml had `weights` stored fp32
+    form = str(kernel_form.parse(p["form"]))
+    snap = snapshot.verify(snapshot.load_record(ws / "results/snapshot.json"), root=ws)
+    host = Host(snap)
+    vocab = snapshot.text_config(snap)["vocab_size"]
+    records = tflite_check.row_records(host, BENCH_L, vocab)
+    gpu = params.gpu_depth(p["verify_gpu"]["layers"], p["model"]["source"]) == "all"
+    model, _, _ = patch.load(snap, form, progress=False)
+    truths = quantization_effect.truths(model, records)
+    del model
+    gc.collect()
+    peak = report.matmul_peak()
+    base: dict = {}
+    clock = Stopwatch()
+    with tempfile.TemporaryDirectory(dir=ws / "artifacts", prefix=".weights-bench.") as tmp:
+        scratch = Path(tmp)
+        how = {"host": host, "peak": peak, "scratch": scratch, "gpu": gpu}
+        rows = {variant_name(*v): measure(ws, snap, form, v, records, truths, base, **how) for v in VARIANTS}
+        others = None if a.skip_reference_records else other_precision(snap, form, ws, p, host, scratch)
+    bundle_record = ws / layout.result_path("bundle")
+    bundle = layout.read_record(bundle_record, "bundle") if bundle_record.is_file() else None
+    fp32_bytes = rows["fp32"]["bytes"]
+    derived = None
+    if bundle is not None:
+        have = rows[variant_name(p["weights"], "weight_only")]["bytes"]
+        derived = {
+            "workspace_bundle_bytes": bundle["sharing"]["bytes"],
+            "workspace_weights": p["weights"],
+            "what": "the workspace's bundle less what one graph's weights save at each precision (the bundle "
+            "stores one copy of the weights): derived, not built",
+            "bytes": {name: bundle["sharing"]["bytes"] - have + r["bytes"] for name, r in rows.items()},
+        }
+    doc = {
+        "workspace": str(ws),
+        "source": p["model"]["source"],
+        "form": form,
+        "L": BENCH_L,
+        "records": {kind: n for kind, (n, _) in records.items()},
+        "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": report.machine(),
+        "matmul_peak": peak,
+        "variants": rows,
+        "bytes_over_fp32": {name: r["bytes"] / fp32_bytes for name, r in rows.items()},
+        "litert_speedup_over_fp32": {
+            name: rows["fp32"]["cpu"]["litert_median_s"] / r["cpu"]["litert_median_s"] for name, r in rows.items()
+        },
+        "bundle": derived,
+        "reference_records": others,
+        "seconds": clock.seconds(),
+    }
+    atomic.write_json(ws / layout.result_path(RESULT), doc)
+    print(
+        "weights-bench: bytes over fp32 "
+        + ", ".join(f"{k} {v:.3f}" for k, v in doc["bytes_over_fp32"].items())
+        + "; LiteRT CPU speedup over fp32 "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in doc["litert_speedup_over_fp32"].items())
+        + (
+            f"; fp16 vs fp32 files on every reference record: max rel {compare.shown(others['max_rel'])}"
+            if others
+            else ""
+        )
+        + f" -> {ws / layout.result_path(RESULT)}"
+    )
+
+
+if __name__ == "__main__":
+    run_stage(main, budget=False)
