@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory
+.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench
 
 env: $(STAMP) vulkan
 
@@ -77,3 +77,8 @@ gpu-mixed: env
 # whose weights dominate (64 MiB), CPU and GPU accelerators. A benchmark: not part of `make test`.
 bundle-memory: env
 	python -m scripts.bench.bundle_memory
+
+# results/weights.json: the L=64 row graph at every weights precision side by side, and every graph of the
+# release against its twin at the other of fp32 / fp16 (after make release). A benchmark: not part of `make test`.
+weights-bench: env
+	python -m scripts.bench.weights_bench

@@ -216,3 +216,23 @@ def test_the_gpu_accelerator_does_not_take_dynamic_range_int8_on_this_toy(graphs
     path, _ = graph(model, "int8", tmp_path, "dynamic")
     with pytest.raises(ClefError, match="Unable to parse bc coord for BATCH axis"):
         gpu_accelerator.compile(path, "fp32")
+
+
+def test_a_section_cut_never_separates_a_stored_weight_from_its_reader(graphs):
+    """verify_gpu runs a graph in sections: the DEQUANTIZE of a weight goes with its FULLY_CONNECTED, or the
+    weight would cross the cut as a runtime tensor. Broken once: with the rule off, the smallest sections
+    do cut there."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    from scripts.litert import sections
+
+    _, path, _ = graphs["fp16"]
+    head = tflite_file.read_head(path)
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
+    sg = model.subgraphs[0]
+    stored = {op.outputs[0] for op in sg.operators if tflite_file.op_name(model, op) == "DEQUANTIZE"}
+    (plan,) = sections.plan(head, max_bytes=1)
+    assert len(plan.sections) >= 2
+    assert not any(set(s.inputs) & stored for s in plan.sections), plan.sections
+    every_op = sections.sections_at(model, 0, list(plan.outputs.values()), list(range(len(sg.operators) + 1)))
+    assert any(set(s.inputs) & stored for s in every_op)  # what a cut after each op would carry

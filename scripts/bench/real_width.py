@@ -84,6 +84,11 @@ def main() -> None:
     shutil.rmtree(ws / layout.RUNTIME, ignore_errors=True)
     # --keep-going: a failed stage skips only what depends on it, so the others are still measured
     failed = subprocess.run(["dvc", "repro", "--keep-going"], cwd=ws).returncode
+    # each weights precision side by side on the L=64 row graph (no GPU: a software GPU runs a whole
+    # real-width graph in hours; no every-graph comparison: a conversion per graph)
+    bench = [sys.executable, "-m", "scripts.bench.weights_bench", "--workspace", str(ws), "--skip-reference-records"]
+    if not failed and subprocess.run(bench).returncode:
+        raise ClefError("the weights benchmark failed (scripts/bench/weights_bench.py)")
     if subprocess.run([sys.executable, "-m", "scripts.bench.report", "--real-width", str(ws)]).returncode:
         raise ClefError("the benchmark failed (scripts/bench/report.py)")
     if failed:

@@ -242,6 +242,43 @@ def bundle_figures(ws: Path) -> dict | None:
     }
 
 
+def weights_figures(ws: Path) -> dict | None:
+    """The weights bench's record in `ws` (results/weights.json, scripts/bench/weights_bench.py): per
+    variant its bytes, conversion error, effect on decisions, CPU speed and GPU acceleration; None
+    where it has not run."""
+    path = ws / layout.result_path("weights")
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    return {
+        "L": doc["L"],
+        "measured_utc": doc["measured_utc"],
+        "bytes_over_fp32": doc["bytes_over_fp32"],
+        "litert_speedup_over_fp32": doc["litert_speedup_over_fp32"],
+        "bundle_bytes": (doc.get("bundle") or {}).get("bytes"),
+        "reference_records_max_rel": (doc.get("reference_records") or {}).get("max_rel"),
+        "variants": {
+            name: {
+                "bytes": v["bytes"],
+                "conversion_max_rel": v["conversion"]["max_rel_vs_torch"],
+                "conversion_max_rel_per_position": v["conversion"]["max_rel_per_position_vs_torch"],
+                "min_top1_agreement": v["quantization_effect"]["min_top1_agreement"],
+                "min_top5_agreement": v["quantization_effect"]["min_top5_agreement"],
+                "max_mean_kl": v["quantization_effect"]["max_mean_kl"],
+                "fraction_of_peak": v["cpu"]["fraction_of_peak"],
+                "litert_median_s": v["cpu"]["litert_median_s"],
+                "torch_median_s": v["cpu"]["torch_median_s"],
+                "gpu": {
+                    mode: {k: g.get(k) for k in ("compiled", "fully_accelerated", "median_s", "refused")}
+                    for mode, g in (v["gpu"] or {}).items()
+                }
+                or None,
+            }
+            for name, v in doc["variants"].items()
+        },
+    }
+
+
 def workspace(ws: Path) -> dict:
     stack = ws / layout.result_path("stack")
     s = json.loads(stack.read_text()) if stack.is_file() else {}
@@ -254,6 +291,7 @@ def workspace(ws: Path) -> dict:
         "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*" + builder.TARBALL_SUFFIX)),
         "release_bytes": sum(f.stat().st_size for f in (ws / layout.RELEASE).rglob("*") if f.is_file()),
         "bundle": bundle_figures(ws),
+        "weights": weights_figures(ws),
         "layers": s.get("layers"),
         "fp32_bytes": s.get("fp32_bytes"),
         "stages": stages,
@@ -267,7 +305,7 @@ def workspace(ws: Path) -> dict:
         "params": {
             k: v
             for k, v in params.read(ws / "params.yaml").items()
-            if k in ("lengths", "pairs", "memory", "verify_gpu", "model", "release")
+            if k in ("lengths", "pairs", "memory", "verify_gpu", "model", "release", "weights")
         },
     }
 
@@ -348,6 +386,13 @@ def extrapolate(tiny: dict, real: dict) -> dict:
         # tokenizer, reference records) are the same at any depth
         "bundle_bytes": bundled and blocks * bundled["bytes"],
         "release_bytes": bundled and blocks * bundled["bytes"] + real.get("release_bytes", 0) - bundled["bytes"],
+        # per weights precision: the bundle as the weights bench derived it at real width, the other files as built
+        "release_bytes_by_weights": {
+            name: blocks * b + real.get("release_bytes", 0) - bundled["bytes"]
+            for name, b in ((real.get("weights") or {}).get("bundle_bytes") or {}).items()
+        }
+        if bundled and blocks
+        else None,
         "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
         "fp32_stack_bytes": fp32,
     }

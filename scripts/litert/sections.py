@@ -88,8 +88,16 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int, stop
             last_read[t] = i
     for t in outputs:
         last_read[t] = n
+    # a weight stored at a lower precision (scripts/litert/weight_storage.py): its DEQUANTIZE stays in its
+    # reader's section, or the weight would cross the cut as a runtime tensor
+    stored = {
+        t
+        for op in ops
+        if _reads(op) and tensor_bytes[_reads(op)[0]] and tflite_file.op_name(model, op) == "DEQUANTIZE"
+        for t in _writes(op)
+    }
     # crossing[b]: the tensors computed before op b (graph inputs: "before op 0") and read from op b on
-    # and unfit[b]: how many of them a cut at b cannot carry (not float32), so it is not taken
+    # and unfit[b]: how many of them a cut at b cannot carry (not float32, or a stored weight), so it is not taken
     steps = {"all": [0] * (n + 2), "unfit": [0] * (n + 2)}
 
     def mark(key: str, lo: int, hi: int) -> None:
@@ -102,7 +110,7 @@ def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int, stop
         if tensor_bytes[t]:
             continue
         mark("all", produced.get(t, -1) + 1, last)
-        if sg.tensors[t].type != schema.TensorType.FLOAT32:
+        if sg.tensors[t].type != schema.TensorType.FLOAT32 or t in stored:
             mark("unfit", produced.get(t, -1) + 1, last)
     crossing, unfit = (list(itertools.accumulate(steps[k][: n + 1])) for k in ("all", "unfit"))
 

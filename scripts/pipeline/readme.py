@@ -449,6 +449,68 @@ def bundle_table(rows: dict) -> str:
     return table(["bundle stage", "figure"], body)
 
 
+def read_weights(root: Path) -> dict:
+    path = root / layout.result_path("weights")
+    if not path.is_file():
+        raise ClefError(f"no {path}: run `make weights-bench` first")
+    return json.loads(path.read_text())
+
+
+def gpu_cell(gpu: dict | None) -> str:
+    """A variant's GPU accelerator modes: compiled alone, its median seconds and worst error against
+    torch, or the refusal."""
+    if not gpu:
+        return "not run"
+    cells = []
+    for mode, g in gpu.items():
+        if not g.get("compiled"):
+            cells.append(f"{mode}: refused")
+        else:
+            full = "" if g.get("fully_accelerated") else ", partly"
+            cells.append(f"{mode} {g['median_s'] * 1e3:.0f} ms, {e(g.get('max_rel_vs_torch'))}{full}")
+    return "; ".join(cells)
+
+
+def weights_table(doc: dict) -> str:
+    """Each weights precision of the L=64 row graph side by side (scripts/bench/weights_bench.py)."""
+    body = []
+    for name, v in sorted(doc["variants"].items(), key=lambda nv: -nv[1]["bytes"]):
+        vs = v.get("vs_fp32_graph")
+        effect, cpu = v["quantization_effect"], v["cpu"]
+        body.append(
+            [
+                f"`{name}`",
+                f"{v['bytes']:,} ({doc['bytes_over_fp32'][name]:.3f}x)",
+                f"{e(v['conversion']['max_rel_vs_torch'])} / {e(v['conversion']['max_rel_per_position_vs_torch'])}",
+                f"{e(vs['max_rel'])}" if vs else "-",
+                f"{effect['min_top1_agreement']:.3f} / {effect['min_top5_agreement']:.3f} / {e(effect['max_mean_kl'])}",
+                f"{cpu['litert_median_s'] * 1e3:.1f} ms ({doc['litert_speedup_over_fp32'][name]:.2f}x); "
+                f"{cpu['fraction_of_peak']:.2f} of peak",
+                gpu_cell(v.get("gpu")),
+            ]
+        )
+    line = (
+        f"From `make weights-bench` at {doc['measured_utc']} on `{doc['source']}`, row graph L={doc['L']}, "
+        f"records {', '.join(f'{k} ({n} tokens)' for k, n in doc['records'].items())}; `results/weights.json`."
+    )
+    refs = doc.get("reference_records")
+    if refs:
+        line += (
+            f" Every graph of the release on its reference record, {refs['workspace_weights']} file against its "
+            f"{refs['converted_at']} twin: max rel {e(refs['max_rel'])} over {len(refs['rows'])} graphs."
+        )
+    header = [
+        "weights",
+        "bytes",
+        "conversion error (CPU; global / per position)",
+        "vs the fp32 graph",
+        "vs unquantized: top-1 / top-5 agreement / mean KL",
+        "LiteRT CPU",
+        "GPU accelerator",
+    ]
+    return f"{line}\n\n{table(header, body)}"
+
+
 TABLES = {
     "bundle": bundle_table,
     "checks": checks_table,
@@ -471,12 +533,15 @@ def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
                 records["bench"] = read_bench(root)
             bench = records["bench"]
             body = f"{bench_line(bench)}\n\n{BENCH_TABLES[name](bench)}"
+        elif name == "weights":
+            body = weights_table(read_weights(root))
         elif name in TABLES:
             if "rows" not in records:
                 records["rows"], records["run"] = read_metrics(root), run_line(root)
             body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
-            raise ClefError(f"README block `{name}` has no table; known: {', '.join([*TABLES, *BENCH_TABLES])}")
+            known = ", ".join([*TABLES, *BENCH_TABLES, "weights"])
+            raise ClefError(f"README block `{name}` has no table; known: {known}")
         if body != m.group("body"):
             changed.append(name)
         return m.group(1) + body + m.group(4)
