@@ -419,11 +419,14 @@ def test_readme_tables_render_from_the_run(pipeline):
     """`make release` ends by rewriting the README's tables from the run: every check passed there. (The
     benchmark's tables come from the committed results/bench.json, as in a fresh checkout.)"""
     repo = pipeline["repo"]
-    shutil.copy2(ROOT / layout.BENCH, repo / layout.BENCH)
+    benches = (layout.BENCH, layout.result_path("weights"))  # make real-width's and make weights-bench's
+    for path in benches:
+        shutil.copy2(ROOT / path, repo / path)
     try:
         text, _ = readme.render((ROOT / "README.md").read_text(), repo)
     finally:
-        (repo / layout.BENCH).unlink()  # the session's repo is shared: leave it as the run left it
+        for path in benches:
+            (repo / path).unlink()  # the session's repo is shared: leave it as the run left it
     params = load_params(repo)
     for n in params["lengths"]:
         assert (

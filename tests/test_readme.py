@@ -192,7 +192,7 @@ def test_no_records_or_unknown_block_is_one_line(tmp_path, workspace):
 def test_the_readme_has_every_table():
     text = (ROOT / "README.md").read_text()
     found = [m.group("name") for m in readme.BLOCK.finditer(text)]
-    assert sorted(found) == sorted([*readme.TABLES, *readme.BENCH_TABLES]), found
+    assert sorted(found) == sorted([*readme.TABLES, *readme.BENCH_TABLES, *readme.WEIGHTS_TABLES]), found
 
 
 def test_run_outside_the_repository_is_one_line(tmp_path):
@@ -302,3 +302,43 @@ def test_bench_tables_say_what_is_measured_and_what_did_not_finish(tmp_path):
     text, _ = readme.render(doc, tmp_path)
     assert "| `verify_gpu_row@64` |  | **did not finish** (failed, or skipped after a failure) |  |" in text
     assert "**over** the budget" in text and "without `verify_gpu_row@64`" in text
+
+
+def variant(bytes_, conversion, top1, litert_s, gpu):
+    return {
+        "bytes": bytes_,
+        "conversion": {"max_rel_vs_torch": conversion, "max_rel_per_position_vs_torch": 2 * conversion},
+        "vs_fp32_graph": {"max_rel": 7e-7},
+        "quantization_effect": {"min_top1_agreement": top1, "min_top5_agreement": 0.8, "max_mean_kl": 0.15},
+        "cpu": {"litert_median_s": litert_s, "fraction_of_peak": 0.72},
+        "gpu": gpu,
+    }
+
+
+def test_the_weights_table_shows_each_precision_and_the_gpu_refusal(tmp_path):
+    refused = {m: {"compiled": False, "refused": "DEQUANTIZE ..."} for m in ("fp32", "fp16")}
+    ran = {"fp32": {"compiled": True, "fully_accelerated": True, "median_s": 0.36, "max_rel_vs_torch": 3.6e-6}}
+    doc = {
+        "measured_utc": "2026-12-03T21:41:29Z",
+        "source": "tiny",
+        "L": 64,
+        "records": {"full": 64},
+        "variants": {
+            "fp32": variant(7_524_548, 2.6e-6, 1.0, 0.0109, ran),
+            "int8": variant(2_689_280, 4.5e-6, 0.837, 0.0057, refused),
+        },
+        "bytes_over_fp32": {"fp32": 1.0, "int8": 0.357},
+        "litert_speedup_over_fp32": {"fp32": 1.0, "int8": 1.9},
+        "reference_records": {"workspace_weights": "fp32", "converted_at": "fp16", "max_rel": 2.0e-6, "rows": [{}] * 6},
+    }
+    block = "<!-- generated: weights -->\nold\n<!-- end generated: weights -->\n"
+    with pytest.raises(ClefError, match="no .*weights.json: run `make weights-bench` first"):
+        readme.render(block, tmp_path)
+    atomic.write_json(tmp_path / layout.result_path("weights"), doc)
+    text, changed = readme.render(block, tmp_path)
+    assert changed == ["weights"]
+    assert "| `int8` | 2,689,280 (0.357x) | 4.5e-06 / 9.0e-06 | 7.0e-07 | 0.837 / 0.800 / 1.5e-01 |" in text
+    assert "5.7 ms (1.90x); 0.72 of peak | fp16: refused; fp32: refused |" in text
+    assert "| fp32 360 ms, 3.6e-06 |" in text
+    assert "fp32 file against its fp16 twin: max rel 2.0e-06 over 6 graphs" in text
+    assert text.index("`fp32`") < text.index("`int8`")  # the largest first

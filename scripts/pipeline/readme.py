@@ -511,6 +511,8 @@ def weights_table(doc: dict) -> str:
     return f"{line}\n\n{table(header, body)}"
 
 
+WEIGHTS_TABLES = {"weights": weights_table}  # from results/weights.json (make weights-bench)
+
 TABLES = {
     "bundle": bundle_table,
     "checks": checks_table,
@@ -533,14 +535,14 @@ def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
                 records["bench"] = read_bench(root)
             bench = records["bench"]
             body = f"{bench_line(bench)}\n\n{BENCH_TABLES[name](bench)}"
-        elif name == "weights":
-            body = weights_table(read_weights(root))
+        elif name in WEIGHTS_TABLES:
+            body = WEIGHTS_TABLES[name](read_weights(root))
         elif name in TABLES:
             if "rows" not in records:
                 records["rows"], records["run"] = read_metrics(root), run_line(root)
             body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
-            known = ", ".join([*TABLES, *BENCH_TABLES, "weights"])
+            known = ", ".join([*TABLES, *BENCH_TABLES, *WEIGHTS_TABLES])
             raise ClefError(f"README block `{name}` has no table; known: {known}")
         if body != m.group("body"):
             changed.append(name)
