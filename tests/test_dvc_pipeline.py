@@ -304,6 +304,7 @@ BAD_PARAMS = {
         section("release", "host_weights", "foo"),
         "release.host_weights 'foo' is not one of include, reference",
     ),
+    "9-weights": (lambda p: p.update(weights="int4"), "weights 'int4' is not one of fp32, fp16, int8"),
     "9-model-source": (section("model", "source", "local"), "model.source 'local' is not one of tiny, synthetic, hub"),
     "9-model-revision": (section("model", "revision", "main"), "model.revision 'main' is not a full 40-hex commit id"),
 }
