@@ -342,3 +342,48 @@ def test_the_weights_table_shows_each_precision_and_the_gpu_refusal(tmp_path):
     assert "| fp32 360 ms, 3.6e-06 |" in text
     assert "fp32 file against its fp16 twin: max rel 2.0e-06 over 6 graphs" in text
     assert text.index("`fp32`") < text.index("`int8`")  # the largest first
+
+
+def test_the_real_width_weights_table_gives_each_precision_and_the_release_against_its_goal(tmp_path):
+    doc = "<!-- generated: real_weights -->\n<!-- end generated: real_weights -->\n"
+    old = bench()
+    atomic.write_json(tmp_path / layout.BENCH, old)
+    text, _ = readme.render(doc, tmp_path)
+    assert "Not measured: the real-width run predates the weights bench" in text
+    compiled = {"fp16": {"compiled": True, "run": False, "fully_accelerated": True}}
+    partly = {"fp16": {"compiled": True, "run": False, "fully_accelerated": False}}
+    refused = {"fp16": {"compiled": False, "refused": "DEQUANTIZE ..."}}
+
+    def figures(bytes_, litert_s, gpu):
+        return {
+            "bytes": bytes_,
+            "conversion_max_rel": 2.6e-6,
+            "conversion_max_rel_per_position": 5.8e-6,
+            "litert_median_s": litert_s,
+            "torch_median_s": 1.5,
+            "fraction_of_peak": 0.5,
+            "gpu": gpu,
+        }
+
+    old["tiny"]["params"] = {"weights": "fp16"}
+    old["real_width"]["weights"] = {
+        "L": 64,
+        "bytes_over_fp32": {"fp32": 1.0, "fp16": 0.5, "int8": 0.26},
+        "litert_speedup_over_fp32": {"fp32": 1.0, "fp16": 0.9, "int8": 1.6},
+        "variants": {
+            "fp32": figures(3.46e9, 1.2, partly),
+            "fp16": figures(1.73e9, 1.33, compiled),
+            "int8": figures(0.9e9, 0.75, refused),
+        },
+    }
+    old["clef_flash"]["release_bytes_by_weights"] = {"fp32": 27.7e9, "fp16": 16.0e9, "int8": 7.4e9}
+    atomic.write_json(tmp_path / layout.BENCH, old)
+    text, _ = readme.render(doc, tmp_path)
+    assert "| `fp16` (default) | 1.73 GB (0.500x) | 2.6e-06 / 5.8e-06 |" in text
+    assert (
+        "1.33 s (0.90x); 0.50 of peak; torch eager 1.50 s | fp16 compiled whole, not run | 16.0 GB (goal <= 15 GB) |"
+        in text
+    )
+    assert "| fp16 compiled, partly, not run | 27.7 GB |" in text  # fp32: no goal of its own
+    assert "| fp16: refused | 7.4 GB (goal <= 8 GB) |" in text
+    assert text.index("`fp32`") < text.index("`fp16`") < text.index("`int8`")

@@ -236,3 +236,21 @@ def test_a_section_cut_never_separates_a_stored_weight_from_its_reader(graphs):
     assert not any(set(s.inputs) & stored for s in plan.sections), plan.sections
     every_op = sections.sections_at(model, 0, list(plan.outputs.values()), list(range(len(sg.operators) + 1)))
     assert any(set(s.inputs) & stored for s in every_op)  # what a cut after each op would carry
+
+
+def test_the_weights_bench_compiles_each_precision_for_the_gpu_section_by_section(graphs):
+    """At real width the weights bench does not run a graph on the software GPU (hours in four precisions):
+    it compiles every section in every mode. fp16 is taken whole in every mode; int8 is refused, in the
+    accelerator's words, not reported as accelerated (the check that could pass wrongly)."""
+    from scripts.bench import weights_bench
+    from scripts.litert import gpu_accelerator
+
+    _, fp16, _ = graphs["fp16"]
+    got = weights_bench.gpu_compiled(fp16, 1, tflite_file.census(fp16))
+    assert set(got) == set(gpu_accelerator.MODES)
+    for mode, g in got.items():
+        assert g["compiled"] and g["fully_accelerated"] and not g["run"], (mode, g)
+        assert g["sections"] >= 2  # max_bytes=1: one section per weight
+    _, int8, _ = graphs["int8"]
+    got = weights_bench.gpu_compiled(int8, 1, tflite_file.census(int8))
+    assert all(not g["compiled"] and "Shape mismatch" in g["refused"] for g in got.values()), got

@@ -269,7 +269,7 @@ def weights_figures(ws: Path) -> dict | None:
                 "litert_median_s": v["cpu"]["litert_median_s"],
                 "torch_median_s": v["cpu"]["torch_median_s"],
                 "gpu": {
-                    mode: {k: g.get(k) for k in ("compiled", "fully_accelerated", "median_s", "refused")}
+                    mode: {k: g.get(k) for k in ("compiled", "run", "fully_accelerated", "median_s", "refused")}
                     for mode, g in (v["gpu"] or {}).items()
                 }
                 or None,

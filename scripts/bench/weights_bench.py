@@ -32,13 +32,13 @@ import torch
 
 from scripts.bench import report
 from scripts.checkpoint import snapshot
-from scripts.checks import bundle_check, compare, quantization_effect, tflite_check
+from scripts.checks import bundle_check, compare, gpu_check, quantization_effect, tflite_check
 from scripts.layers import kernel_form
-from scripts.litert import export, gpu_accelerator, tflite_file, weight_storage
+from scripts.litert import export, gpu_accelerator, sections, tflite_file, weight_storage
 from scripts.litert.cpu_graph import CpuGraph
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError, run_stage
-from scripts.pipeline.measure import Stopwatch, median_seconds
+from scripts.pipeline.measure import Stopwatch, median_seconds, stack_fp32_bytes
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
@@ -84,6 +84,35 @@ def gpu_figures(path: Path, records: dict, expected: dict) -> dict:
     return out
 
 
+def gpu_compiled(path: Path, max_bytes: int, census: dict) -> dict:
+    """Each GPU mode compiling the graph for the accelerator alone, section by section
+    (scripts/litert/sections.py, as verify_gpu cuts it), none of it run: whether every section is fully
+    accelerated, or the refusal in the accelerator's words. Where a software GPU would take hours to run
+    a real-width graph in four precisions, this is what the accelerator takes of each."""
+    graph = sections.SectionedGraph(path, max_bytes)
+    out = {}
+    try:
+        parts = [s.path for name in graph.plans for s in graph.sections(name)]
+        for mode in gpu_accelerator.MODES:
+            run, clock = gpu_check.ModeRun(graph, mode, census), Stopwatch()
+            try:
+                for part in parts:
+                    run.compile(part).close()
+            except ClefError as e:
+                out[mode] = {"compiled": False, "refused": str(e).split(": ", 1)[-1]}
+                continue
+            out[mode] = {
+                "compiled": True,
+                "run": False,
+                "fully_accelerated": run.fully_accelerated,
+                "sections": len(parts),
+                "compile_s": clock.seconds(),
+            }
+    finally:
+        graph.close()
+    return out
+
+
 def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, truths: dict, base: dict, **how) -> dict:
     """One variant: convert, store, and measure (module doc); `base` holds the fp32 graph's outputs once
     that variant has run ({} before)."""
@@ -109,6 +138,7 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
     litert_s = statistics.median(tflite_check.litert_times(runner, timed, REPEATS))
     lite.close()
     flops = sum(tflite_file.matmul_flops(path).values())
+    census = tflite_file.census(path)
     conversion = [{"record": kind, **compare.figures("vs_torch", outputs[kind], expected[kind])} for kind in records]
     effect = [quantization_effect.row(kind, n, outputs[kind], truths[kind], host) for kind, (n, _) in records.items()]
     storage_alone = [{"record": kind, **compare.figures("vs_fp32_graph", outputs[kind], base[kind])} for kind in base]
@@ -119,7 +149,7 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
         "stored": stored.as_dict(),
         "applied": info["weights"].as_dict(),
         "convert_seconds": convert_s,
-        "census": {k: v for k, v in tflite_file.census(path).items() if k in ("op_total", "ops", "dtypes")},
+        "census": {k: v for k, v in census.items() if k in ("op_total", "ops", "dtypes")},
         "conversion": {
             "max_rel_vs_torch": compare.worst(conversion, "rel_vs_torch"),
             "max_rel_per_position_vs_torch": compare.worst(conversion, "rel_per_position_vs_torch"),
@@ -140,7 +170,7 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
             "matmul_gflops": flops / litert_s / 1e9,
             "fraction_of_peak": flops / litert_s / 1e9 / peak["gflops"],
         },
-        "gpu": gpu_figures(path, records, expected) if gpu else None,
+        "gpu": gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
     }
     if not base and precision == "fp32":
         base.update(outputs)
@@ -205,7 +235,7 @@ def main() -> None:
     ws = a.workspace
     if not (ws / "results/snapshot.json").is_file():
         raise ClefError(f"no pipeline run in {ws}: run make release (or make real-width) first")
-    p = params.load(["form", "lengths", "pairs", "model.source", "verify_gpu.layers"], path=ws / "params.yaml")
+    p = params.load(["form", "lengths", "pairs", "model.source", "verify_gpu"], path=ws / "params.yaml")
     p["weights"] = p.get("weights", "fp32")  # a workspace from before params.yaml had `weights` stored fp32
     form = str(kernel_form.parse(p["form"]))
     snap = snapshot.verify(snapshot.load_record(ws / "results/snapshot.json"), root=ws)
@@ -222,7 +252,11 @@ def main() -> None:
     clock = Stopwatch()
     with tempfile.TemporaryDirectory(dir=ws / "artifacts", prefix=".weights-bench.") as tmp:
         scratch = Path(tmp)
-        how = {"host": host, "peak": peak, "scratch": scratch, "gpu": gpu}
+        fp32_stack = stack_fp32_bytes(str(ws))
+        if not gpu and fp32_stack is None:
+            raise ClefError(f"no {ws / layout.result_path('stack')}: the GPU compile's sections are sized by it")
+        section_bytes = None if gpu else gpu_check.section_bytes(p["verify_gpu"], fp32_stack, BENCH_L)
+        how = {"host": host, "peak": peak, "scratch": scratch, "gpu": gpu, "section_bytes": section_bytes}
         rows = {variant_name(*v): measure(ws, snap, form, v, records, truths, base, **how) for v in VARIANTS}
         others = None if a.skip_reference_records else other_precision(snap, form, ws, p, host, scratch)
     bundle_record = ws / layout.result_path("bundle")

@@ -387,7 +387,45 @@ def real_run_table(bench: dict) -> str:
     return table(["need", "figure", "from"], body)
 
 
-BENCH_TABLES = {"real_width": real_width_table, "real_run": real_run_table}
+WEIGHTS_RELEASE_GOALS = {"default": 15e9, "int8": 8e9}  # issue 36's goals for clef-flash's release
+
+
+def real_weights_table(bench: dict) -> str:
+    """Each weights precision at real width (the weights bench in make real-width's workspace): the L=64
+    row graph's bytes, conversion error, CPU speed and what the GPU accelerator takes, and the clef-flash
+    release each would give (extrapolated) against the goals."""
+    w = bench["real_width"].get("weights")
+    if not w:
+        return "Not measured: the real-width run predates the weights bench (`make real-width`)."
+    default = (bench["tiny"].get("params") or {}).get("weights")
+    releases = bench["clef_flash"].get("release_bytes_by_weights") or {}
+    body = []
+    for name, v in sorted(w["variants"].items(), key=lambda nv: -nv[1]["bytes"]):
+        goal = WEIGHTS_RELEASE_GOALS.get("default" if name == default else name)
+        release = releases.get(name)
+        body.append(
+            [
+                f"`{name}`" + (" (default)" if name == default else ""),
+                f"{v['bytes'] / 1e9:.2f} GB ({w['bytes_over_fp32'][name]:.3f}x)",
+                f"{e(v['conversion_max_rel'])} / {e(v['conversion_max_rel_per_position'])}",
+                f"{v['litert_median_s']:.2f} s ({w['litert_speedup_over_fp32'][name]:.2f}x); "
+                f"{v['fraction_of_peak']:.2f} of peak; torch eager {v['torch_median_s']:.2f} s",
+                gpu_cell(v.get("gpu")),
+                (f"{release / 1e9:.1f} GB" + (f" (goal <= {goal / 1e9:.0f} GB)" if goal else "")) if release else "n/a",
+            ]
+        )
+    header = [
+        "weights",
+        f"row graph L={w['L']}",
+        "conversion error (CPU; global / per position)",
+        "LiteRT CPU per record (x fp32)",
+        "GPU accelerator",
+        "clef-flash release (extrapolated)",
+    ]
+    return table(header, body)
+
+
+BENCH_TABLES = {"real_width": real_width_table, "real_run": real_run_table, "real_weights": real_weights_table}
 
 
 def bench_line(bench: dict) -> str:
@@ -463,10 +501,12 @@ def gpu_cell(gpu: dict | None) -> str:
         return "not run"
     cells = []
     for mode, g in gpu.items():
+        full = "" if g.get("fully_accelerated") else ", partly"
         if not g.get("compiled"):
             cells.append(f"{mode}: refused")
+        elif g.get("run") is False:  # compiled section by section, not run (a real-width graph)
+            cells.append(f"{mode} compiled{' whole' if not full else full}, not run")
         else:
-            full = "" if g.get("fully_accelerated") else ", partly"
             cells.append(f"{mode} {g['median_s'] * 1e3:.0f} ms, {e(g.get('max_rel_vs_torch'))}{full}")
     return "; ".join(cells)
 
