@@ -302,7 +302,18 @@ def bundle_section(held: dict) -> dict:
         "file": held["file"],
         "bytes": held["bytes"],
         "sha256": held["sha256"],
-        **{k: doc[k] for k in ("signatures", "sharing", "largest_graph", "bytes_over_graph", "memory", "census")},
+        **{
+            k: doc[k]
+            for k in (
+                "signatures",
+                "sharing",
+                "largest_graph",
+                "bytes_over_graph",
+                "duplicate_constants",
+                "memory",
+                "census",
+            )
+        },
         "identity_vs_own_file": identity,
         "gpu_checked": doc["gpu_checked"],
         "gpu_not_checked_why": doc["gpu_not_checked_why"],

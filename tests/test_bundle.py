@@ -100,6 +100,22 @@ def test_the_bundle_holds_every_signature_renamed_and_each_constant_once(parts, 
     assert tflite_file.read_metadata(path) == {"kind": "bundle", "graphs": {"row_L4": {"L": 4}}}
 
 
+def test_a_constant_stored_twice_is_found_in_the_file(parts, merged, tmp_path, monkeypatch):
+    """The bundle stage's gate on sharing reads the written file back: none in the bundle; a merge whose
+    dedup is broken (every buffer given a digest of its own) stores each part's weights again, and the
+    gate counts them."""
+    path, _ = merged
+    assert bundle.duplicate_constants(path) == {"buffers": 0, "bytes": 0}
+    own = iter(range(10**6))
+    real = bundle._digest
+    monkeypatch.setattr(bundle, "_digest", lambda b, mm: (f"{real(b, mm)[0]}-{next(own)}", real(b, mm)[1]))
+    broken = bundle.merge(parts, tmp_path / "broken.tflite", {"kind": "bundle"})
+    monkeypatch.undo()
+    one_copy = (64 * 512 + 512 + 512 * 64 + 64) * 4
+    repeats = bundle.duplicate_constants(tmp_path / "broken.tflite")
+    assert repeats["buffers"] >= 2 * 4 and repeats["bytes"] >= 2 * one_copy, (repeats, broken)  # 3 parts: 2 more copies
+
+
 def test_every_signature_is_bit_identical_to_its_file_on_the_cpu_and_the_gpu(parts, merged):
     path, _ = merged
     whole = CpuGraph(path)

@@ -186,7 +186,7 @@ def test_make_release_output(pipeline, built):
     assert not (built / "rows").exists() and not (built / "pairs").exists(), "per-graph copies in a bundle release"
     bundled = manifest["bundle"]
     assert {a["file"] for a in manifest["artifacts"].values()} == {bundled["file"]}
-    assert bundled["bytes_over_graph"] <= p["bundle"]["max_bytes_over_graph"]
+    assert bundled["duplicate_constants"] == {"buffers": 0, "bytes": 0}  # every weight stored once
     assert set(bundled["identity_vs_own_file"]) == {"cpu", "gpu fp32", "gpu fp16", "gpu mixed"}
     assert all(
         v["identical"] and v["signatures_run"] == len(manifest["artifacts"])
@@ -753,3 +753,21 @@ def test_the_release_stage_refuses_a_bundle_that_is_not_of_the_graphs_there(pipe
         graph.unlink()
         graph.write_bytes(original)
     assert snapshot.sha256_file(repo / "artifacts/release/manifest.json") == before
+
+
+def test_clef_verify_and_audit_refuse_a_file_whose_metadata_names_another_precision(release_copy):
+    """The bundle's metadata rewritten to say fp32 while its weights are stored fp16, the manifest rehashed
+    (a consistent edit): both commands name the disagreement from the tensors themselves."""
+    file = graph_file(release_copy)
+    path = release_copy / file
+    data = path.read_bytes()
+    declared = [b'"weights": "fp16"', b'"weights":"fp16"']
+    found = [d for d in declared if d in data]
+    assert found, "the release is not fp16 (params.yaml weights changed?)"
+    path.write_bytes(data.replace(found[0], found[0].replace(b"fp16", b"fp32")))
+    rehash(release_copy, [file])
+    proc = clef(release_copy.parent, "verify", str(release_copy))
+    said = "metadata says weights fp32, but FULLY_CONNECTED weights are stored as FLOAT16"
+    assert proc.returncode == 1 and f"FAIL {file}: {said}" in proc.stdout, proc.stdout
+    proc = clef(release_copy.parent, "audit", str(path))
+    assert proc.returncode != 0 and said in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr

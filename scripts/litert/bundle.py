@@ -88,6 +88,26 @@ def _inline_data(buffer) -> bytes:
     return bytes(buffer.data) if buffer.data is not None else b""
 
 
+def duplicate_constants(path) -> dict:
+    """Constants a written model stores more than once: read back from the file, every buffer that holds
+    data hashed, each repeat of bytes already stored counted -> {"buffers": n, "bytes": b}. What a bundle
+    must not hold (the point of merging is one copy of each weight), checked on the file, not on what
+    `merge` meant to write."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
+    seen: set[str] = set()
+    repeats = {"buffers": 0, "bytes": 0}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for buffer in model.buffers or []:
+            digest, size = _digest(buffer, mm)
+            if not size:
+                continue
+            if digest in seen:
+                repeats["buffers"] += 1
+                repeats["bytes"] += size
+            seen.add(digest)
+    return repeats
+
+
 def merge(parts: list[Part], dst, meta: dict) -> Merged:
     """Write the bundle of `parts` to `dst` (atomically) with `meta` as its METADATA_NAME entry.
     Every signature of every part must be named in its Part, and no two bundle names may clash."""

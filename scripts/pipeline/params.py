@@ -268,7 +268,7 @@ SCHEMA = {
         }
     ),
     "weights": one_of(*WEIGHT_PRECISIONS),
-    "bundle": mapping({"max_bytes_over_graph": factor, "memory_goal_over_graph": factor}),
+    "bundle": mapping({"bytes_goal_over_graph": factor, "memory_goal_over_graph": factor}),
     "release": mapping(
         {
             "host_weights": one_of(*HOST_WEIGHT_MODES),

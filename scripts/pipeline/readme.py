@@ -458,12 +458,17 @@ def bundle_table(rows: dict) -> str:
         [
             "bundle",
             f"{share['bytes']:,} bytes: {r['bytes_over_graph']:.3f}x the largest graph "
-            f"(`{Path(largest['file']).name}`, {largest['bytes']:,}; bound {r['max_bytes_over_graph']}x)",
+            f"(`{Path(largest['file']).name}`, {largest['bytes']:,}; goal {r['bytes_goal_over_graph']}x)",
         ],
         [
             "constants",
             f"{share['constant_bytes']:,} bytes stored once; the graphs held {share['part_constant_bytes']:,} "
-            f"({share['part_constant_bytes'] / share['constant_bytes']:.1f}x)",
+            f"({share['part_constant_bytes'] / share['constant_bytes']:.1f}x)"
+            + (
+                f"; read back from the file, {r['duplicate_constants']['buffers']} stored twice"
+                if "duplicate_constants" in r
+                else ""
+            ),
         ],
         ["signatures", f"{len(r['signatures'])}: " + ", ".join(f"`{n}`" for n in sorted(r["signatures"]))],
     ]
