@@ -13,7 +13,8 @@ the stored weights, the graph converted and stored, and on the same host-built r
   lm_head's decisions (scripts/checks/quantization_effect.py);
 - against the fp32-stored graph's outputs: what the storage alone changes;
 - speed: LiteRT CPU and torch eager medians on one record, the GPU accelerator's, and the CPU's rate
-  against this machine's fp32 matmul peak (scripts/bench/report.py).
+  against this machine's fp32 matmul peak (scripts/bench/report.py); the fp32 graph is timed again
+  right after each variant, and the speed-up is of those two medians, taken under the same load.
 Then, where the workspace's graphs are fp32 or fp16, every graph it releases is converted at the other
 of the two and run on its reference record beside the workspace's file: how default `weights` was
 chosen (README, "Weights").
@@ -114,8 +115,9 @@ def gpu_compiled(path: Path, max_bytes: int, census: dict) -> dict:
 
 
 def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, truths: dict, base: dict, **how) -> dict:
-    """One variant: convert, store, and measure (module doc); `base` holds the fp32 graph's outputs once
-    that variant has run ({} before)."""
+    """One variant: convert, store, and measure (module doc); `base` holds the fp32 graph once that variant
+    has run ({} before): its outputs, and its runner, timed again right after each variant so that the
+    speed ratio is of two medians taken under the same load on the machine."""
     precision, scheme = variant
     host, peak, scratch, gpu = how["host"], how["peak"], how["scratch"], how["gpu"]
     clock = Stopwatch()
@@ -136,12 +138,15 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
     runner = lite.get_signature_runner()
     outputs = {kind: tflite_check.run(runner, inputs)[0, :n] for kind, (n, inputs) in records.items()}
     litert_s = statistics.median(tflite_check.litert_times(runner, timed, REPEATS))
-    lite.close()
+    fp32_s = statistics.median(tflite_check.litert_times(base["runner"], timed, REPEATS)) if base else litert_s
     flops = sum(tflite_file.matmul_flops(path).values())
     census = tflite_file.census(path)
     conversion = [{"record": kind, **compare.figures("vs_torch", outputs[kind], expected[kind])} for kind in records]
     effect = [quantization_effect.row(kind, n, outputs[kind], truths[kind], host) for kind, (n, _) in records.items()]
-    storage_alone = [{"record": kind, **compare.figures("vs_fp32_graph", outputs[kind], base[kind])} for kind in base]
+    storage_alone = [
+        {"record": kind, **compare.figures("vs_fp32_graph", outputs[kind], want)}
+        for kind, want in (base.get("outputs") or {}).items()
+    ]
     row = {
         "weights": precision,
         "scheme": scheme,
@@ -165,6 +170,7 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
         else None,
         "cpu": {
             "litert_median_s": litert_s,
+            "fp32_adjacent_median_s": fp32_s,  # the fp32 graph, timed right after
             "torch_median_s": torch_s,
             "torch_over_litert": torch_s / litert_s,
             "matmul_gflops": flops / litert_s / 1e9,
@@ -173,7 +179,9 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
         "gpu": gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
     }
     if not base and precision == "fp32":
-        base.update(outputs)
+        base.update(outputs=outputs, graph=lite, runner=runner)  # closed by main, after every variant
+    else:
+        lite.close()
     path.unlink()
     print(
         f"weights-bench {variant_name(*variant)}: {row['bytes']} bytes, conversion error "
@@ -257,7 +265,12 @@ def main() -> None:
             raise ClefError(f"no {ws / layout.result_path('stack')}: the GPU compile's sections are sized by it")
         section_bytes = None if gpu else gpu_check.section_bytes(p["verify_gpu"], fp32_stack, BENCH_L)
         how = {"host": host, "peak": peak, "scratch": scratch, "gpu": gpu, "section_bytes": section_bytes}
-        rows = {variant_name(*v): measure(ws, snap, form, v, records, truths, base, **how) for v in VARIANTS}
+        try:
+            rows = {variant_name(*v): measure(ws, snap, form, v, records, truths, base, **how) for v in VARIANTS}
+        finally:
+            if base:
+                base["graph"].close()
+        base.clear()
         others = None if a.skip_reference_records else other_precision(snap, form, ws, p, host, scratch)
     bundle_record = ws / layout.result_path("bundle")
     bundle = layout.read_record(bundle_record, "bundle") if bundle_record.is_file() else None
@@ -284,7 +297,7 @@ def main() -> None:
         "variants": rows,
         "bytes_over_fp32": {name: r["bytes"] / fp32_bytes for name, r in rows.items()},
         "litert_speedup_over_fp32": {
-            name: rows["fp32"]["cpu"]["litert_median_s"] / r["cpu"]["litert_median_s"] for name, r in rows.items()
+            name: r["cpu"]["fp32_adjacent_median_s"] / r["cpu"]["litert_median_s"] for name, r in rows.items()
         },
         "bundle": derived,
         "reference_records": others,
