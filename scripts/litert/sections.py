@@ -49,7 +49,7 @@ class Section:
     ops: range
     inputs: list[int]  # tensor indices in the graph's subgraph
     outputs: list[int]
-    constant_bytes: int
+    constant_bytes: int  # as the accelerator holds them: a stored fp16 or int8 weight at float32 (_held_bytes)
     path: Path | None = None
 
 
@@ -64,6 +64,26 @@ class SignaturePlan:
     unreached: list[str] = field(default_factory=list)  # op kinds only after the cut
 
 
+# bytes per element of a weight's stored type (scripts/litert/weight_storage.py); the accelerator expands it
+_STORED_ITEM_BYTES = {schema.TensorType.FLOAT16: 2, schema.TensorType.INT8: 1}
+
+
+def _held_bytes(model, sg) -> dict[int, int]:
+    """{tensor index: bytes} of every constant of subgraph `sg` as the accelerator holds it: a weight stored
+    at a lower precision and read by a DEQUANTIZE counts at float32 (the accelerator expands it; cut by its
+    stored bytes, an fp16 graph's sections held twice the weights they were sized for and overran the
+    stage's memory at real width), every other constant at its stored bytes."""
+    const = _constants(model)
+    held = {t: const.get(tensor.buffer, 0) for t, tensor in enumerate(sg.tensors)}
+    for op in sg.operators:
+        reads = _reads(op)
+        if reads and held[reads[0]] and tflite_file.op_name(model, op) == "DEQUANTIZE":
+            item = _STORED_ITEM_BYTES.get(sg.tensors[reads[0]].type)
+            if item:
+                held[reads[0]] = held[reads[0]] * 4 // item
+    return held
+
+
 def _reads(op) -> list[int]:
     return [int(t) for t in (op.inputs if op.inputs is not None else []) if t >= 0]
 
@@ -73,12 +93,12 @@ def _writes(op) -> list[int]:
 
 
 def plan_subgraph(model, sg_index: int, outputs: list[int], max_bytes: int, stop: int | None = None) -> list[Section]:
-    """Cut subgraph `sg_index` (its ops before `stop`, all by default) into sections whose constants are
-    each <= max_bytes where possible (an op whose own constants are larger gets a section alone); each
-    cut, among the boundaries that keep the section within the limit, is where the fewest tensors cross."""
+    """Cut subgraph `sg_index` (its ops before `stop`, all by default) into sections whose constants, as
+    the accelerator holds them (_held_bytes), are each <= max_bytes where possible (an op whose own
+    constants are larger gets a section alone); each cut, among the boundaries that keep the section
+    within the limit, is where the fewest tensors cross."""
     sg = model.subgraphs[sg_index]
-    const = _constants(model)
-    tensor_bytes = {t: const.get(tensor.buffer, 0) for t, tensor in enumerate(sg.tensors)}
+    tensor_bytes = _held_bytes(model, sg)
     ops = sg.operators[:stop]
     n = len(ops)
     produced = {t: i for i, op in enumerate(ops) for t in _writes(op)}
@@ -139,8 +159,7 @@ def sections_at(model, sg_index: int, outputs: list[int], cuts: list[int]) -> li
     run), each with the tensors that cross its edges; `outputs` leave the last one. A cut that would
     carry a tensor that is not float32 is a ClefError naming it (the runner feeds and reads float32)."""
     sg = model.subgraphs[sg_index]
-    const = _constants(model)
-    tensor_bytes = {t: const.get(tensor.buffer, 0) for t, tensor in enumerate(sg.tensors)}
+    tensor_bytes = _held_bytes(model, sg)
     ops = sg.operators[: cuts[-1]]
     last_read = {t: i for i, op in enumerate(ops) for t in _reads(op)}
     last_read.update({t: len(ops) for t in outputs})
