@@ -517,6 +517,7 @@ def test_form_and_weights_overrides_reach_every_stage_that_reads_them(pulled_clo
             )
     weighed = reading("weights", params)
     assert {w.split("@")[0] for w in weighed} == {
+        "check_params",  # the schema: it reads every key of params.yaml
         "export",
         "export_pair",
         "verify_tflite",
