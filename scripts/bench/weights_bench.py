@@ -270,7 +270,6 @@ def main() -> None:
         finally:
             if base:
                 base["graph"].close()
-        base.clear()
         others = None if a.skip_reference_records else other_precision(snap, form, ws, p, host, scratch)
     bundle_record = ws / layout.result_path("bundle")
     bundle = layout.read_record(bundle_record, "bundle") if bundle_record.is_file() else None

@@ -71,8 +71,8 @@ _STORED_ITEM_BYTES = {schema.TensorType.FLOAT16: 2, schema.TensorType.INT8: 1}
 def _held_bytes(model, sg) -> dict[int, int]:
     """{tensor index: bytes} of every constant of subgraph `sg` as the accelerator holds it: a weight stored
     at a lower precision and read by a DEQUANTIZE counts at float32 (the accelerator expands it; cut by its
-    stored bytes, an fp16 graph's sections held twice the weights they were sized for and overran the
-    stage's memory at real width), every other constant at its stored bytes."""
+    stored bytes, an fp16 graph's sections held twice the weights they were sized for), every other
+    constant at its stored bytes."""
     const = _constants(model)
     held = {t: const.get(tensor.buffer, 0) for t, tensor in enumerate(sg.tensors)}
     for op in sg.operators:
