@@ -510,7 +510,7 @@ def gpu_cell(gpu: dict | None) -> str:
         if not g.get("compiled"):
             cells.append(f"{mode}: refused")
         elif g.get("run") is False:  # compiled section by section, not run (a real-width graph)
-            cells.append(f"{mode} compiled{' whole' if not full else full}, not run")
+            cells.append(f"{mode} compiled{full or ' whole'}, not run")
         else:
             cells.append(f"{mode} {g['median_s'] * 1e3:.0f} ms, {e(g.get('max_rel_vs_torch'))}{full}")
     return "; ".join(cells)
