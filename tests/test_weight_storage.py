@@ -271,3 +271,52 @@ def test_sections_are_sized_by_the_weights_the_accelerator_holds_not_their_store
         counts[precision] = len(plan.sections)
         assert all(s.constant_bytes <= limit for s in plan.sections), (precision, plan.sections)
     assert counts["fp16"] == counts["fp32"] >= 2, counts
+
+
+class Tied(torch.nn.Module):
+    """One Linear applied twice: the converter stores its weight once, read by two FULLY_CONNECTEDs (as the
+    synthetic real-width checkpoint's repeated layers are)."""
+
+    def __init__(self):
+        super().__init__()
+        self.square = torch.nn.Linear(128, 128)
+
+    def forward(self, x):
+        return {"y": self.square(torch.relu(self.square(x)))}
+
+
+def test_a_weight_read_by_two_ops_gets_a_dequantize_each_so_a_section_cut_can_fall_between(tmp_path):
+    """A stored weight read through one DEQUANTIZE by several FULLY_CONNECTEDs ties them into one section:
+    broken once, at real width a row graph's section held 1.63 GiB at a 0.81 GiB limit and verify_gpu
+    overran its memory budget. Each reader now has its own DEQUANTIZE of the one stored buffer: the file
+    holds the weight once, computes what the model does, and at a limit of one weight is cut in two."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    from scripts.litert import sections
+
+    torch.manual_seed(1)
+    model = Tied().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    path, stored = graph(model, "fp16", tmp_path)
+    head = tflite_file.read_head(path)
+    tree = flatbuffer_utils.convert_bytearray_to_object(bytearray(head))
+    ops = [(tflite_file.op_name(tree, op), list(op.inputs), list(op.outputs)) for op in tree.subgraphs[0].operators]
+    dequantized = [outs[0] for name, _, outs in ops if name == "DEQUANTIZE"]
+    assert stored.weights == 1 and len(dequantized) == 2, ops
+    for i, (name, _, outs) in enumerate(ops):
+        if name == "DEQUANTIZE":
+            assert ops[i + 1][0] == "FULLY_CONNECTED" and outs[0] in ops[i + 1][1], ops
+    assert tflite_file.census(path)["fully_connected_weights"] == {"FLOAT16": 1}
+    assert compare.rel(run(path).double(), exact(model)) < 1e-5
+
+    limit = 128 * 128 * 4 + 1024  # one weight at float32, as the accelerator holds it
+    (plan,) = sections.plan(head, limit)
+    assert len(plan.sections) == 2 and all(s.constant_bytes <= limit for s in plan.sections), plan.sections
+    cut = sections.SectionedGraph(path, limit)
+    try:  # each section file holds the stored weight once
+        for part in cut.sections("serving_default"):
+            assert tflite_file.census(part.path)["fully_connected_weights"] == {"FLOAT16": 1}
+    finally:
+        cut.close()

@@ -219,17 +219,17 @@ def write(source: Path, model, mm, sg_index: int, section: Section, dst: Path) -
     out.operatorCodes = list(model.operatorCodes)
     out.buffers = [schema.BufferT()]
     data = []  # (buffer in `out`, bytes of the source buffer)
+    copied = {}  # source buffer -> its one buffer in `out` (a stored weight read by several DEQUANTIZEs)
     tensors = []
     for t in used:
         tensor = copy.copy(sg.tensors[t])
-        if tensor.buffer in const:
+        if tensor.buffer in const and tensor.buffer not in copied:
             b = schema.BufferT()
             b.offset, b.size = PLACEHOLDER_OFFSET, const[tensor.buffer]
             out.buffers.append(b)
             data.append((b, model.buffers[tensor.buffer]))
-            tensor.buffer = len(out.buffers) - 1
-        else:
-            tensor.buffer = 0
+            copied[tensor.buffer] = len(out.buffers) - 1
+        tensor.buffer = copied.get(tensor.buffer, 0)
         tensors.append(tensor)
     sub = schema.SubGraphT()
     sub.tensors, sub.name = tensors, sg.name

@@ -195,23 +195,22 @@ def census(source) -> dict:
 
 
 def _fully_connected_weight_types(model, sg) -> list[str]:
-    """The type each FULLY_CONNECTED's constant weight is stored as, once per weight tensor: its own
-    type, or the stored type a DEQUANTIZE reads it from (scripts/litert/weight_storage.py)."""
-    dequantized = {}
+    """The type each FULLY_CONNECTED's constant weight is stored as, once per stored buffer: its own
+    type, or the stored type a DEQUANTIZE reads it from (scripts/litert/weight_storage.py: one
+    DEQUANTIZE per reader, all of the one buffer)."""
+    dequantized = {}  # DEQUANTIZE output -> the stored tensor it reads
     for op in sg.operators:
         if op_name(model, op) == "DEQUANTIZE" and buffer_bytes(model.buffers[sg.tensors[op.inputs[0]].buffer]):
-            dequantized[op.outputs[0]] = sg.tensors[op.inputs[0]].type
+            dequantized[op.outputs[0]] = sg.tensors[op.inputs[0]]
     seen, out = set(), []
     for op in sg.operators:
-        if op_name(model, op) != "FULLY_CONNECTED" or len(op.inputs) < 2 or op.inputs[1] in seen:
+        if op_name(model, op) != "FULLY_CONNECTED" or len(op.inputs) < 2:
             continue
-        index = op.inputs[1]
-        t = sg.tensors[index]
-        if index in dequantized:
-            out.append(_TYPE_NAMES.get(dequantized[index], "?"))
-        elif buffer_bytes(model.buffers[t.buffer]):
-            out.append(_TYPE_NAMES.get(t.type, "?"))
-        seen.add(index)
+        t = dequantized.get(op.inputs[1], sg.tensors[op.inputs[1]])
+        if t.buffer in seen or not buffer_bytes(model.buffers[t.buffer]):
+            continue
+        out.append(_TYPE_NAMES.get(t.type, "?"))
+        seen.add(t.buffer)
     return out
 
 

@@ -4,7 +4,8 @@ scripts/layers/weight_precision.py replaces each Linear weight with the values i
 stands for before the conversion, so the converter writes those values as float32. `store` finds
 each FULLY_CONNECTED's constant weight and, where every element round-trips exactly, stores it as
 float16 or as int8 codes with one scale per output row, read by a DEQUANTIZE op placed just before
-the first op that uses the weight (a graph cut into sections keeps each weight in its section). It
+each op that uses the weight (one per reader, all of one stored buffer: a graph cut into sections
+keeps each weight beside its reader, and any cut between two readers stays open). It
 is the form TensorFlow Lite's own float16 and weight-only quantization writes; the CPU and GPU
 accelerators fold it into the weights when they load the graph. A weight that does not round-trip
 is kept as float32 and counted, never rounded here: this step changes no value.
@@ -16,6 +17,7 @@ int8 path), so its outputs are no longer the torch model's to float32 rounding.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import mmap
 from pathlib import Path
@@ -127,6 +129,22 @@ def _opcode(model, builtin: int) -> int:
     return len(model.operatorCodes) - 1
 
 
+def _inputs(op) -> list[int]:
+    return [int(i) for i in (op.inputs if op.inputs is not None else [])]
+
+
+def _stored_tensor(t, precision: str, dtype: int, buffer: int, scales: np.ndarray | None):
+    """A tensor for weight `t` as stored: its shape, the stored type, the stored buffer, int8's per-row scales."""
+    stored = schema.TensorT()
+    stored.name = tflite_file.text(t.name) + f";stored_{precision}"
+    stored.shape, stored.type, stored.buffer = t.shape, dtype, buffer
+    if scales is not None:
+        q = schema.QuantizationParametersT()
+        q.scale, q.zeroPoint, q.quantizedDimension = scales.tolist(), [0] * len(scales), 0
+        stored.quantization = q
+    return stored
+
+
 def _place_before_first_use(sg, ops: list) -> None:
     """Insert each (tensor, DEQUANTIZE) just before the first operator that reads the tensor."""
     by_tensor = dict(ops)
@@ -190,21 +208,26 @@ def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
             for si, ti in users:
                 sg = model.subgraphs[si]
                 t = sg.tensors[ti]
-                stored = schema.TensorT()
-                stored.name = tflite_file.text(t.name) + f";stored_{precision}"
-                stored.shape, stored.type, stored.buffer = t.shape, dtype, index
-                if scales is not None:
-                    q = schema.QuantizationParametersT()
-                    q.scale, q.zeroPoint, q.quantizedDimension = scales.tolist(), [0] * len(scales), 0
-                    stored.quantization = q
                 if scheme == "dynamic":
-                    sg.tensors[ti] = stored  # the FULLY_CONNECTED reads the int8 weight itself
+                    # the FULLY_CONNECTED reads the int8 weight itself
+                    sg.tensors[ti] = _stored_tensor(t, precision, dtype, index, scales)
                     continue
-                sg.tensors.append(stored)
-                op = schema.OperatorT()
-                op.opcodeIndex, op.inputs, op.outputs = dequantize, [len(sg.tensors) - 1], [ti]
-                added.setdefault(si, []).append((ti, op))
-                t.buffer = 0  # now computed: the DEQUANTIZE's output
+                # one DEQUANTIZE per reader, all of the one stored buffer: a weight read by several ops (equal
+                # constants are one buffer) is expanded beside each, so a section cut can fall between them
+                readers = [op for op in sg.operators if ti in _inputs(op)]
+                for k, reader in enumerate(readers):
+                    out = ti
+                    if k:
+                        expanded = copy.copy(t)
+                        expanded.name, expanded.buffer = tflite_file.text(t.name) + f";reader_{k}", 0
+                        sg.tensors.append(expanded)
+                        out = len(sg.tensors) - 1
+                        reader.inputs = [out if i == ti else i for i in _inputs(reader)]
+                    sg.tensors.append(_stored_tensor(t, precision, dtype, index, scales))
+                    op = schema.OperatorT()
+                    op.opcodeIndex, op.inputs, op.outputs = dequantize, [len(sg.tensors) - 1], [out]
+                    added.setdefault(si, []).append((out, op))
+                t.buffer = 0  # now computed: the first reader's DEQUANTIZE's output
         for si, ops in added.items():
             _place_before_first_use(model.subgraphs[si], ops)
         for sg in model.subgraphs:
