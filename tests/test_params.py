@@ -62,6 +62,7 @@ def test_each_bad_edit_refused_in_one_line(case):
         (lambda p: p["kernel_bench"].update(heads=True), "kernel_bench.heads True is not an integer >= 1"),
         (lambda p: p["kernel_bench"].update(lengths=[64, 64]), "kernel_bench.lengths [64, 64] repeat a value"),
         (lambda p: p.update(lengths=[]), "lengths must be a non-empty list"),
+        (lambda p: p.update(pairs=[]), "`pairs` must be a non-empty list"),  # as lengths (issue 37)
         (
             lambda p: p["verify_gpu"].update(fp16_max_over_floor=float("inf")),
             "fp16_max_over_floor inf is not a positive",

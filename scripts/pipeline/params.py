@@ -156,9 +156,10 @@ def graph_lengths(value, name: str) -> list[int]:
 
 
 def pairs_list(value, name: str) -> list[dict]:
-    """The shared-state pairs: a list of {prefix, suffix}, positive integers, each pair once."""
-    if not isinstance(value, list):
-        raise ClefError(f"params.yaml: `{name}` must be a list of {{prefix: P, suffix: S}}")
+    """The shared-state pairs: a non-empty list of {prefix, suffix}, positive integers, each pair once (as
+    `lengths` holds a row graph at least: the release promises both kinds)."""
+    if not isinstance(value, list) or not value:
+        raise ClefError(f"params.yaml: `{name}` must be a non-empty list of {{prefix: P, suffix: S}}")
     seen = set()
     for q in value:
         if not isinstance(q, dict) or set(q) != {"prefix", "suffix"}:
