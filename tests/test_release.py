@@ -28,7 +28,7 @@ def small_release(root: Path) -> dict:
     (root / "rows" / "a.tflite").write_bytes(bytes(range(256)) * 4)
     (root / "host").mkdir()
     (root / "host" / "config.json").write_text("{}")
-    manifest = {"format": reader.FORMAT, "files": builder.file_table(root)}
+    manifest = {"format": reader.FORMAT, "artifacts": {}, "files": builder.file_table(root)}
     atomic.write_json(root / reader.MANIFEST, manifest)
     return manifest
 

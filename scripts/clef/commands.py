@@ -63,6 +63,21 @@ def smallest(candidates: list, fits, what: str, need: str):
     return fitting[0]
 
 
+def utf8(value: str, option: str) -> str:
+    """An argument the tokenizer can take: argv bytes that are not UTF-8 reach Python as surrogate
+    escapes, which it refuses with an exception that does not say so; named here by the first bad byte."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the bytes as given on the command line
+    except UnicodeEncodeError as exc:  # a surrogate no byte escapes to (main() given such a str)
+        where = f"U+{ord(value[exc.start]):04X} at character {exc.start}"
+        raise ClefError(f"{option} is not valid UTF-8 (unpaired surrogate {where})") from None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClefError(f"{option} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    return value
+
+
 def graph_signatures(root: Path, art: dict, gpu: bool, precision: str | None):
     """`signature(name)` over a release graph, by the graph's own signature names (None: a row's only
     one), in the file that holds it (a bundle: under its names there), each a callable on named torch
@@ -120,6 +135,9 @@ def run(args) -> int:
         raise ClefError("--top must be at least 1")
     if args.question and not args.pair:
         raise ClefError("--question needs --pair")
+    utf8(args.text, "--text")
+    for question in args.question:
+        utf8(question, "--question")
     precision = gpu_precision(args)
     manifest = reader.load_manifest(root)
     host = open_host(root, manifest, args.weights)

@@ -126,16 +126,42 @@ def expected_metadata(manifest: dict, artifact: dict) -> dict:
     }
 
 
+def json_kind(value) -> str:
+    """A JSON value's kind in words, for a message ("a list", "a number", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before numbers: a bool is an int
+        return "a boolean"
+    kinds = ((dict, "an object"), (list, "a list"), (str, "a string"), ((int, float), "a number"))
+    return next(word for types, word in kinds if isinstance(value, types))
+
+
+# The manifest's tables every command indexes, each {name: JSON object}.
+TABLES = ("artifacts", "files")
+
+
 def load_manifest(root: Path) -> dict:
+    """A release's manifest, refused (one line) unless it is a JSON object of this FORMAT whose TABLES
+    are objects of objects: every command reads it here, so none meets a list where it indexes a table."""
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise ClefError(f"{root} is not a release: no {MANIFEST}")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ClefError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise ClefError(f"{path} is not a JSON object ({json_kind(manifest)})")
     if manifest.get("format") != FORMAT:
         raise ClefError(f"{path}: format {manifest.get('format')!r}, this clef reads {FORMAT}")
+    for table in TABLES:
+        if table not in manifest:
+            raise ClefError(f"{path} has no `{table}`")
+        if not isinstance(manifest[table], dict):
+            raise ClefError(f"{path}: `{table}` is not a JSON object ({json_kind(manifest[table])})")
+        for name, entry in manifest[table].items():
+            if not isinstance(entry, dict):
+                raise ClefError(f"{path}: `{table}` entry {name!r} is not a JSON object ({json_kind(entry)})")
     return manifest
 
 
@@ -159,16 +185,11 @@ def check_paths(root: Path, manifest: dict) -> list[str]:
     """Every path the manifest names (`files`, each artifact's `file`, the reference records) must lie
     inside the release and be listed in `files` with its hash: one line per path that does not.
     Checked before anything is hashed or loaded, so no path can make clef read outside the release."""
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        return ["manifest: `files` is not a table of the release's files"]
+    files = manifest["files"]  # load_manifest: tables of JSON objects
     problems = [f"manifest path {name!r} {why}" for name in files if (why := outside(root, name))]
-    artifacts = manifest.get("artifacts")
-    if not isinstance(artifacts, dict):
-        return problems + ["manifest: `artifacts` is not a table of the release's graphs"]
-    for art in artifacts.values():
-        graph = art.get("file") if isinstance(art, dict) else None
-        reference = art.get("reference", {}).get("file") if isinstance(art, dict) else None
+    for art in manifest["artifacts"].values():
+        graph = art.get("file")
+        reference = art["reference"].get("file") if isinstance(art.get("reference"), dict) else None
         for what, path in (("graph", graph), ("reference record", reference)):
             why = outside(root, path)
             if why:
