@@ -207,8 +207,49 @@ def check_files(root: Path, manifest: dict) -> list[str]:
     present = {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) not in unlisted}
     problems = [f"missing file: {name}" for name in sorted(set(listed) - present)]
     for name in sorted(set(listed) & present):
-        f = root / name
-        if f.stat().st_size != listed[name]["size"] or sha256_file(f) != listed[name]["sha256"]:
-            problems.append(f"changed file: {name} (sha256 differs from the manifest)")
+        if why := changed(root, name, listed[name]):
+            problems.append(f"changed file: {name} ({why})")
     problems += [f"extra file: {name} (not in the manifest)" for name in sorted(present - set(listed))]
+    return problems
+
+
+def changed(root: Path, name: str, entry: dict) -> str | None:
+    """How release file `name` differs from its `files` entry: its size (free to read), else its sha256
+    (the whole file read); None when it is the file the manifest lists."""
+    size = (Path(root) / name).stat().st_size
+    if size != entry["size"]:
+        return f"{size} bytes, the manifest lists {entry['size']}"
+    if sha256_file(Path(root) / name) != entry["sha256"]:
+        return "sha256 differs from the manifest"
+    return None
+
+
+def graph_identity(root: Path, manifest: dict, name: str) -> list[str]:
+    """What the file holding graph `name` says it is against the manifest's entry for it, one phrase per
+    difference: its metadata (kind, L or P/S, revision, form, weights) and the names and input/output
+    shapes of its signatures, all from the flatbuffer head (no weights read). A file that is another
+    graph than the manifest names (a row of another L, a pair, another bundle) is named here before
+    anything runs it."""
+    from scripts.litert import litert_c, tflite_file
+
+    art = manifest["artifacts"][name]
+    head = tflite_file.read_head(Path(root) / art["file"])
+    meta = graph_metadata(tflite_file.read_metadata(head), name)
+    said = tflite_file.metadata_mismatches(meta, expected_metadata(manifest, art))
+    problems = [f"its metadata: {', '.join(said)}"] if said else []
+    shapes = litert_c.signature_shapes(head)
+    for own, called in (art.get("signature_names") or {}).items():
+        if called not in shapes:
+            problems.append(f"no signature {called!r}")
+            continue
+        want = (art.get("signatures") or {}).get(own) or {}
+        off = [
+            f"{e['name']} {shapes[called][side].get(e['name'])}, the manifest says {e['shape']}"
+            for side in ("inputs", "outputs")
+            for e in want.get(side, [])
+            if shapes[called][side].get(e["name"]) != e["shape"]
+        ]
+        if off:
+            more = f" (and {len(off) - 1} more)" if len(off) > 1 else ""
+            problems.append(f"signature {called!r}: {off[0]}{more}")
     return problems
