@@ -69,6 +69,11 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
     return lines[0]
 
 
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under root with its bytes: what a refusal must leave as it was."""
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
 def repo_copy(dest: Path) -> Path:
     """The repo's tracked and unignored files in `dest`, as a fresh git repository."""
     files = subprocess.run(

@@ -307,6 +307,23 @@ BAD_PARAMS = {
     "9-weights": (lambda p: p.update(weights="int4"), "weights 'int4' is not one of fp32, fp16, int8"),
     "9-model-source": (section("model", "source", "local"), "model.source 'local' is not one of tiny, synthetic, hub"),
     "9-model-revision": (section("model", "revision", "main"), "model.revision 'main' is not a full 40-hex commit id"),
+    # Issue 37: a form spelt another way (DVC would rerun every stage that reads it), a length or pair too short
+    # for the checks' records (verify_model refused it after removing its outputs), and an integer written as
+    # a float, which DVC compares equal to the integer (check_params is rerun by the file's text, a dep).
+    "37-form-spelling": (lambda p: p.update(form="R64+ec+sp+dd+vs6"), "did you mean R64+sp+ec+dd+vs6?"),
+    "37-form-leading-zeros": (lambda p: p.update(form="R64+sp+ec+dd+vs006 "), "did you mean R64+sp+ec+dd+vs6?"),
+    "37-length-too-short": (
+        lambda p: p["lengths"].append(3),
+        "length 3 is too short for the checks: the causality record (L//2 + 3) holds 4 tokens, outside 1..3",
+    ),
+    "37-pair-too-short": (
+        lambda p: p["pairs"].append({"prefix": 1, "suffix": 16}),
+        "is too short for the checks: a chaining prefix (1, P//2, P) holds 0 tokens",
+    ),
+    "37-integer-as-float": (
+        lambda p: p["verify_tflite"].update(latency_repeats=float(p["verify_tflite"]["latency_repeats"])),
+        "verify_tflite.latency_repeats 7.0 is not an integer >= 1",
+    ),
 }
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from scripts.checks import compare, gpu_check, pair_check
+from scripts.checks import compare, gpu_check, records
 from scripts.layers import weight_precision
 from scripts.litert import export, gpu_accelerator, sections, tflite_file
 from scripts.pipeline.errors import ClefError
@@ -398,7 +398,7 @@ def test_the_pairs_first_layer_on_the_gpu_matches_torch_cut_to_that_layer(two_la
             list(range(3, 3 + P + S)),
             12,
         )
-        tokens = {p: [(5 * i + p) % 90 + 3 for i in range(p + S)] for p in pair_check.chaining_lengths(P, S)[0]}
+        tokens = {p: [(5 * i + p) % 90 + 3 for i in range(p + S)] for p in records.chaining_lengths(P, S)[0]}
         chaining = gpu_check.chaining_references(first, host, stock, P, S, tokens)
         shapes = pair_graph.state_shapes(first, P)
     run = gpu_check.ModeRun(graph, "fp32", tflite_file.census(path))
@@ -419,7 +419,7 @@ def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_p
     model, host = two_layer_model
     P, S = 16, 8
     prefix, suffix = pair_graph.PairPrefix(model, P).eval(), pair_graph.PairSuffix(model, P, S).eval()
-    prefixes, suffixes = pair_check.chaining_lengths(P, S)
+    prefixes, suffixes = records.chaining_lengths(P, S)
     if subset:
         prefixes = gpu_check.chaining_prefixes(P)
         assert prefixes == [P // 2]

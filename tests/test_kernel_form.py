@@ -3,6 +3,8 @@ the forms the exporter refuses."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from scripts.layers import kernel_form
@@ -82,3 +84,15 @@ def test_no_torch_needed():
     code = "import sys, scripts.pipeline.params; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "text", ["sp+R64+ec+dd+vs6", " R64+sp+ec+dd+vs6", "R64+sp+ec+dd+vs06", "R64+cumsum", "R64+vs0"]
+)
+def test_params_take_one_spelling_per_form(text):
+    """DVC compares params.yaml's text: another spelling of a form would rebuild every stage for the same
+    graph. The grammar reads each (parse), params.yaml's reader refuses it, naming the canonical one."""
+    form = kernel_form.parse(text)
+    with pytest.raises(ClefError, match=f"did you mean {re.escape(str(form))}\\?"):
+        kernel_form.parse_canonical(text)
+    assert kernel_form.parse_canonical(str(form)) == form

@@ -176,3 +176,9 @@ def test_a_stage_over_its_memory_budget_fails_and_records_it(workdir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((workdir / "results/runtime/stack.json").read_text())
     assert rec["memory_budget"]["within"] is True and rec["memory_budget"]["fp32_stack_bytes"] > 0
+
+
+def test_a_peak_over_its_budget_never_reads_as_equal_to_it():
+    """Broken once: `0.01 GiB is over its budget 0.01 GiB` (both rounded to two decimals)."""
+    assert measure.distinct_gib(int(0.0137 * 2**30), int(0.0098 * 2**30)) == ("0.014", "0.010")
+    assert measure.distinct_gib(7 * 2**30, 6 * 2**30) == ("7.00", "6.00")

@@ -62,6 +62,7 @@ def test_each_bad_edit_refused_in_one_line(case):
         (lambda p: p["kernel_bench"].update(heads=True), "kernel_bench.heads True is not an integer >= 1"),
         (lambda p: p["kernel_bench"].update(lengths=[64, 64]), "kernel_bench.lengths [64, 64] repeat a value"),
         (lambda p: p.update(lengths=[]), "lengths must be a non-empty list"),
+        (lambda p: p.update(pairs=[]), "`pairs` must be a non-empty list"),  # as lengths (issue 37)
         (
             lambda p: p["verify_gpu"].update(fp16_max_over_floor=float("inf")),
             "fp16_max_over_floor inf is not a positive",
@@ -110,3 +111,45 @@ def test_load_checks_only_the_sections_a_stage_reads(tmp_path):
     path.write_text("lengths: [64\n")
     with pytest.raises(ClefError, match="is not valid YAML"):
         params.load(["lengths"], path)
+
+
+@pytest.mark.parametrize("text", ["lengths: [64, 0200, 256]", "lengths: [64, 2:08]", "x: 1e-4", "x: 0o10", "x: yes"])
+def test_params_yaml_is_read_as_dvc_reads_it(text):
+    """YAML 1.1 (PyYAML) and 1.2 (DVC's ruamel) read these differently: `0200` was 128 to the schema and
+    200 to the stages DVC ran. The schema now reads what DVC reads; PyYAML's reading is shown to differ,
+    so reading with it again fails here."""
+    from dvc.utils.serialize import parse_yaml
+
+    assert params.parse_yaml(text) == parse_yaml(text, "params.yaml")
+    assert yaml.safe_load(text) != parse_yaml(text, "params.yaml")
+
+
+def test_check_params_reruns_on_any_edit_of_the_text():
+    """DVC compares params by value (an integer written 32.0 equals 32 and the check was skipped):
+    check_params depends on params.yaml's text as well, and the schema refuses the float."""
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["check_params"]
+    assert "params.yaml" in stage["deps"]
+    p = copy.deepcopy(COMMITTED)
+    p["kernel_bench"]["heads"] = float(p["kernel_bench"]["heads"])
+    assert "kernel_bench.heads 32.0 is not an integer >= 1" in refusal(p)
+
+
+def test_lengths_and_pairs_are_held_to_the_records_the_checks_build():
+    """verify_model's causality record holds L//2 + 3 tokens and a pair's chaining runs from P//2: a shorter
+    length or prefix passed the schema and was refused by a stage after it removed its outputs. The
+    smallest accepted sizes are ones every record fits (tests/test_row_graph.py runs verify_model's
+    checks at that L)."""
+    from scripts.checks import records
+
+    least = next(n for n in range(1, 64) if records.row_unfit(n) is None)
+    assert least == 5 and all(records.row_unfit(n) is None for n in range(least, 300))
+    for bad, fragment in (
+        ({"lengths": [64, least - 1]}, f"length {least - 1} is too short for the checks"),
+        ({"pairs": [{"prefix": 1, "suffix": 64}]}, "{'prefix': 1, 'suffix': 64} is too short for the checks"),
+    ):
+        p = copy.deepcopy(COMMITTED)
+        p.update(bad)
+        assert fragment in refusal(p) and f"(L >= {least})" in refusal({**COMMITTED, "lengths": [least - 1]})
+    p = copy.deepcopy(COMMITTED)
+    p.update(lengths=[least], pairs=[{"prefix": 2, "suffix": 1}])
+    assert refusal(p) == ""

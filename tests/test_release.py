@@ -19,7 +19,7 @@ from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.release import builder, reader, references
-from tests.conftest import assert_one_line_error, clef, run_stage, tool_env
+from tests.conftest import assert_one_line_error, clef, run_stage, tool_env, tree
 
 
 def small_release(root: Path) -> dict:
@@ -28,7 +28,7 @@ def small_release(root: Path) -> dict:
     (root / "rows" / "a.tflite").write_bytes(bytes(range(256)) * 4)
     (root / "host").mkdir()
     (root / "host" / "config.json").write_text("{}")
-    manifest = {"format": reader.FORMAT, "files": builder.file_table(root)}
+    manifest = {"format": reader.FORMAT, "artifacts": {}, "files": builder.file_table(root)}
     atomic.write_json(root / reader.MANIFEST, manifest)
     return manifest
 
@@ -495,6 +495,149 @@ def flip_weight_byte(root: Path) -> None:
     data[len(data) // 2] ^= 0x01
     f.write_bytes(bytes(data))
     rehash(root, [graph_file(root)])
+
+
+# ---- clef run: each graph file held to the manifest before it runs, and no non-finite answer -------
+
+
+def files_layout(release: Path, repo: Path) -> Path:
+    """`release` rewritten as release.layout `files` places graphs (rows/, pairs/: each graph's own
+    .tflite, as the pipeline exported it), the bundle gone, the manifest rehashed: a release whose graphs
+    are separate files, for a test to put one graph's file in another's place."""
+    manifest = json.loads((release / reader.MANIFEST).read_text())
+    for held in {a["file"] for a in manifest["artifacts"].values()}:
+        (release / held).unlink()
+        del manifest["files"][held]
+    placed = []
+    for name, art in manifest["artifacts"].items():
+        rel = f"{art['kind']}s/{name}.tflite"
+        (release / rel).parent.mkdir(exist_ok=True)
+        shutil.copyfile(
+            repo / (layout.ROWS if art["kind"] == "row" else layout.PAIRS) / f"{name}.tflite", release / rel
+        )
+        art.update(file=rel, signature_names={own: own for own in art["signature_names"]})
+        placed.append(rel)
+    manifest.update(layout="files", bundle=None)
+    atomic.write_json(release / reader.MANIFEST, manifest)
+    rehash(release, placed)
+    return release
+
+
+def poison_weights(path: Path) -> int:
+    """Every constant stored after the flatbuffer head that only float tensors read, overwritten with NaN
+    of their type (the hashes are left to the caller) -> how many buffers."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    from scripts.litert import tflite_file
+
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
+    nan = {schema.TensorType.FLOAT16: np.float16("nan"), schema.TensorType.FLOAT32: np.float32("nan")}
+    readers: dict[int, set] = {}
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            readers.setdefault(t.buffer, set()).add(t.type)
+    poisoned = 0
+    with open(path, "r+b") as f:
+        for i, types in readers.items():
+            buffer = model.buffers[i]
+            if buffer.offset > 1 and len(types) == 1 and (value := nan.get(next(iter(types)))) is not None:
+                f.seek(buffer.offset)
+                f.write(np.full(buffer.size // value.itemsize, value).tobytes())
+                poisoned += 1
+    return poisoned
+
+
+TEXT = "a decision to make"  # 5 tokens: clef run picks row_L64, and pair_P64_S64 with --pair
+
+
+def run_line(release: Path, *args: str) -> str:
+    """`clef run` on `release` refused with one line, the release left as it was, no answer printed."""
+    before = tree(release)
+    proc = clef(release.parent, "run", "--release", str(release), "--text", TEXT, *args)
+    line = assert_one_line_error(proc)
+    assert "top lm_head tokens" not in proc.stdout and tree(release) == before, proc.stdout
+    return line
+
+
+@pytest.mark.parametrize(
+    "source, consistent, named",
+    [
+        (layout.row_path(256), True, ["its metadata: L is 256, expected 64", "signature 'serving_default': cos"]),
+        (layout.row_path(256), False, ["its metadata: L is 256, expected 64"]),
+        (layout.pair_path(64, 64), True, ["kind is 'pair', expected 'row'", "no signature 'serving_default'"]),
+    ],
+)
+def test_clef_run_refuses_another_graph_in_a_graphs_file(pipeline, release_copy, source, consistent, named):
+    """Layout `files`: row_L64's file holding a row of L=256 or a pair ran and printed NaN as its answer.
+    The file's own metadata and signatures are held to the manifest's entry before it is loaded, even
+    when the manifest's hashes were updated to the swapped file (`consistent`)."""
+    release = files_layout(release_copy, pipeline["repo"])
+    assert clef(release.parent, "run", "--release", str(release), "--text", TEXT).returncode == 0
+    shutil.copyfile(pipeline["repo"] / source, release / "rows" / "row_L64.tflite")
+    if consistent:
+        rehash(release, ["rows/row_L64.tflite"])
+    line = run_line(release)
+    assert "rows/row_L64.tflite is not the row_L64 the manifest names: " in line, line
+    for fragment in named:
+        assert fragment in line, (fragment, line)
+
+
+@pytest.mark.parametrize(
+    "where, named",
+    [("outside", "manifest graph path '../outside.tflite' climbs out with '..'"), ("missing", "is missing")],
+)
+def test_clef_run_loads_no_graph_the_manifest_does_not_hash(release_copy, where, named):
+    """The graph's path is held as `clef verify` holds it (reader.check_paths) before the file is opened:
+    a graph outside the release ran, and a missing one was a FileNotFoundError."""
+    if where == "outside":
+        manifest = json.loads((release_copy / reader.MANIFEST).read_text())
+        shutil.copyfile(release_copy / graph_file(release_copy), release_copy.parent / "outside.tflite")
+        manifest["artifacts"][ROW]["file"] = "../outside.tflite"
+        atomic.write_json(release_copy / reader.MANIFEST, manifest)
+    else:
+        (release_copy / graph_file(release_copy)).unlink()
+    assert named in run_line(release_copy)
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_clef_run_refuses_a_changed_bundle(release_copy, pair):
+    """A byte of the bundle changed (its metadata and signatures still agree): its sha256 against the
+    manifest's `files`, the check `clef verify` makes (reader.changed), before the graph is loaded."""
+    bundle = graph_file(release_copy)
+    data = bytearray((release_copy / bundle).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (release_copy / bundle).write_bytes(bytes(data))
+    args = ["--pair", "--question", "and then?"] if pair else []
+    line = run_line(release_copy, *args)
+    graph = "pair_P64_S64" if pair else ROW
+    assert f"{bundle} is not the {graph} the manifest names: sha256 differs from the manifest" in line, line
+
+
+def test_clef_run_refuses_a_bundle_replaced_by_a_row(pipeline, release_copy):
+    """The bundle's file replaced by a row graph (hashes updated): the graph the manifest names is not in it."""
+    bundle = graph_file(release_copy)
+    shutil.copyfile(pipeline["repo"] / layout.row_path(256), release_copy / bundle)
+    rehash(release_copy, [bundle])
+    line = run_line(release_copy)
+    assert f"{bundle} is not the {ROW} the manifest names: its metadata: L is 256, expected 64" in line, line
+    assert f"no signature '{ROW}'" in line, line
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_clef_run_refuses_hidden_states_that_are_not_finite(release_copy, pair):
+    """Weights turned to NaN with the manifest rehashed to match (a graph that passes every file check
+    and computes NaN): an error naming the graph and the positions, never a printed answer."""
+    bundle = graph_file(release_copy)
+    assert poison_weights(release_copy / bundle) > 0
+    rehash(release_copy, [bundle])
+    if pair:
+        line = run_line(release_copy, "--pair", "--question", "and then?")
+        assert f"pair_P64_S64 ({bundle}, prefix_P64_S64) on the context gave hidden states" in line, line
+    else:
+        line = run_line(release_copy)
+        assert f"{ROW} ({bundle}) gave hidden states" in line, line
+    assert re.search(r"not finite \(NaN or inf\) at (\d+) of \1 real positions", line), line
 
 
 def test_the_release_is_signed_with_the_params_key(pipeline, built):

@@ -97,6 +97,24 @@ def test_row_graph_matches_the_stock_twin_and_is_causal(patched, tiny_snapshot):
     assert next(model.parameters()).dtype == torch.float32  # the float64 references were copies
 
 
+def test_the_smallest_length_the_schema_takes_passes_verify_model_and_one_less_is_refused(patched, tiny_snapshot):
+    """params.yaml's lengths are held to the records the checks build (scripts/checks/records.py): at the
+    smallest L the schema takes, verify_model's every record builds and passes; one token less and the
+    check itself refuses, which is what the schema now says first."""
+    from scripts.checks import records
+    from scripts.pipeline.errors import ClefError
+
+    model, _ = patched
+    least = next(n for n in range(1, 64) if records.row_unfit(n) is None)
+    p = params.load(["verify_model"], ROOT / "params.yaml")
+    limits = params.bounds(p, "verify_model", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_causality"))
+    host = Host(tiny_snapshot)
+    rows = model_check.model_rows(model, host, [least], vocab=model.config.vocab_size)
+    assert model_check.failures(rows, limits) == [] and {r["check"] for r in rows} == {"vs_stock", "causality"}
+    with pytest.raises(ClefError, match="do not fit a graph of L="):
+        model_check.model_rows(model, host, [least - 1], vocab=model.config.vocab_size)
+
+
 def test_pad_guard_keeps_the_state_at_the_last_real_token(patched):
     """The GatedDeltaNet's recurrent state after pads equals the state at the last real token
     (what the shared-state pairs rely on): pads carry zero k/v and unit decay."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from scripts.pipeline import layout
+from scripts.pipeline import layout, params
 from scripts.pipeline.errors import ClefError, run_stage
 
 # The shortest and longest default L and pair: the benchmark interpolates the ones between
@@ -48,7 +48,7 @@ def prepare(ws: Path) -> None:
     else:
         git("worktree", "add", "--detach", "--force", str(ws), head)
     path = ws / "params.yaml"
-    path.write_text(yaml.safe_dump(overridden(yaml.safe_load(path.read_text())), sort_keys=False))
+    path.write_text(yaml.safe_dump(overridden(params.read(path)), sort_keys=False))
 
 
 def overridden(p: dict) -> dict:
@@ -76,7 +76,7 @@ def check_room(ws: Path, layers: int) -> None:
 
 def main() -> None:
     ws = layout.REAL_WIDTH
-    layers = yaml.safe_load(Path("params.yaml").read_text())["model"]["synthetic_layers"]
+    layers = params.read()["model"]["synthetic_layers"]
     check_room(ws, layers)
     prepare(ws)
     print(f"real-width: workspace {ws} at {git('rev-parse', '--short', 'HEAD')}, overrides {OVERRIDES}", flush=True)

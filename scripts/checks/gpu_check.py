@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from scripts.checks import compare, layerwise, model_check, pair_check
+from scripts.checks import compare, layerwise, model_check, records
 from scripts.litert import gpu_accelerator
 from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import params
@@ -47,7 +47,7 @@ ROW_RECORDS = ("padded",)
 
 
 def chaining_prefixes(P: int) -> list[int]:
-    """The real prefix lengths the GPU chains from (a subset of pair_check.chaining_lengths)."""
+    """The real prefix lengths the GPU chains from (a subset of records.chaining_lengths)."""
     return [P // 2]
 
 
@@ -238,7 +238,7 @@ def chaining_references(model, host: Host, stock: StockReferences, P: int, S: in
     float16. Both suffixes of a p share its prefix, so the GPU runs each prefix once."""
     row = ClefRowPrefill(model, P + S).eval()
     out = []
-    _, suffixes = pair_check.chaining_lengths(P, S)
+    _, suffixes = records.chaining_lengths(P, S)
     for p in sorted(tokens):
         for s in suffixes:
             ids = list(tokens[p][: p + s])

@@ -26,7 +26,7 @@ import copy
 
 import torch
 
-from scripts.checks import compare, controls, layerwise
+from scripts.checks import compare, controls, layerwise, records
 from scripts.layers import gated_delta
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
@@ -111,7 +111,7 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
     rows = []
     for length in lengths:
         graph = ClefRowPrefill(model, length).eval()
-        for kind, n in {"full": length, "padded": length - length // 3, "one_token": 1}.items():
+        for kind, n in records.row_tokens(length).items():
             inputs = host.record(random_ids(n, vocab, seed + length + n), length)
             host.check(inputs, length)
             real = inputs["embeds"][:, :n]
@@ -154,7 +154,7 @@ def causality(model, host: Host, length: int, vocab: int, seed: int) -> dict:
     (recorded); the float64 runs with and without the pads show the arithmetic after the last token
     changes nothing before it. In a causal model this holds with or without the pad guard: it shows
     causality, and cannot see the guard."""
-    n = length // 2 + 3  # not a multiple of any chunk
+    n = records.causality_tokens(length)
     ids = random_ids(n, vocab, seed + 7 * length)
     zero = host.record(ids, length)
     garbage = {k: v.clone() for k, v in zero.items()}

@@ -25,28 +25,16 @@ from __future__ import annotations
 
 import torch
 
-from scripts.checks import compare, controls, model_check
+from scripts.checks import compare, controls, model_check, records
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
 from scripts.release import references
 
 
-def chaining_lengths(P: int, S: int) -> tuple[list[int], list[int]]:
-    """The prefix lengths p and suffix lengths s a chaining check covers: 1, P/2 and P real prefix
-    tokens (the most padding, half, none), 1 and S real suffix tokens."""
-    return sorted({1, P // 2, P}), sorted({1, S})
-
-
-def shared_length(P: int) -> int:
-    """The prefix length the state and reuse checks (and the release's reference record) share with
-    chaining: P/2, half padded."""
-    return max(1, P // 2)
-
-
 def chaining_tokens(P: int, S: int, vocab: int, seed: int) -> dict[int, list[int]]:
     """{p: p + S token ids} per chaining prefix length p: a suffix of s tokens reads the first p + s."""
-    return {p: model_check.random_ids(p + S, vocab, seed + 100 * p) for p in chaining_lengths(P, S)[0]}
+    return {p: model_check.random_ids(p + S, vocab, seed + 100 * p) for p in records.chaining_lengths(P, S)[0]}
 
 
 class PrefixRuns:
@@ -65,9 +53,9 @@ class PrefixRuns:
 def shared_prefix(
     runner: PairRunner, vocab: int, seed: int, prefixes: PrefixRuns | None
 ) -> tuple[list[int], PairState]:
-    """The tokens chaining runs at p = shared_length(P) (p + S of them), and the state after their
+    """The tokens chaining runs at p = records.shared_length(P) (p + S of them), and the state after their
     first p, from `prefixes` when a check() shares its runs, else run here."""
-    p = shared_length(runner.P)
+    p = records.shared_length(runner.P)
     tokens = chaining_tokens(runner.P, runner.S, vocab, seed)[p]
     _, state = (prefixes or PrefixRuns(runner))(tokens[:p])
     return tokens, state
@@ -86,11 +74,11 @@ def chaining(
     P, S = runner.P, runner.S
     prefixes = prefixes or PrefixRuns(runner)
     rows = []
-    _, suffixes = chaining_lengths(P, S)
+    _, suffixes = records.chaining_lengths(P, S)
     for p, tokens in chaining_tokens(P, S, vocab, seed).items():
         prefix_hidden, state = prefixes(tokens[:p])  # one prefix run serves every s
         ref = refs.row(tokens)  # one row run serves every s (causality: see the module docstring)
-        controlled = p == shared_length(P)
+        controlled = p == records.shared_length(P)
         unguarded = None
         if controlled and pad_guard_control and p < P:
             with controls.without_pad_guard():
@@ -130,7 +118,7 @@ def reuse(
     runner: PairRunner, refs: References, vocab: int, seed: int, prefixes: PrefixRuns | None = None
 ) -> list[dict]:
     P, S = runner.P, runner.S
-    p = shared_length(P)
+    p = records.shared_length(P)
     tokens, state = shared_prefix(runner, vocab, seed, prefixes)
     shared = tokens[:p]
     rows = []
@@ -214,7 +202,7 @@ def state_vs_transformers(
     runner: PairRunner, refs: References, vocab: int, seed: int, prefixes: PrefixRuns | None = None
 ) -> list[dict]:
     """The prefix state after p = P/2 tokens vs the stock caches after the same tokens: a row per entry."""
-    p = shared_length(runner.P)
+    p = records.shared_length(runner.P)
     tokens, state = shared_prefix(runner, vocab, seed, prefixes)
     ids = tokens[:p]
     exact, fp32 = refs.stock_state(ids)
@@ -261,6 +249,6 @@ def check(
 def reference_record(refs: References, host, vocab: int, seed: int = 0) -> dict:
     """The pair's reference record for the release (scripts/release/references.py): check()'s shared
     half-full prefix, then its full suffix, against the row it was checked against."""
-    p = shared_length(refs.P)
+    p = records.shared_length(refs.P)
     tokens = chaining_tokens(refs.P, refs.S, vocab, seed)[p]
     return references.pair_reference(host, tokens, p, refs.P, refs.S, refs.row(tokens))

@@ -8,6 +8,7 @@ import statistics
 import numpy as np
 import torch
 
+from scripts.checks import records
 from scripts.pipeline.measure import timed_runs
 
 
@@ -29,7 +30,7 @@ def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict:
     from scripts.checks.model_check import random_ids
 
     out = {}
-    real = {"full": length, "padded": length - length // 3, "one_token": 1}
+    real = records.row_tokens(length)
     for kind in kinds:
         n = real[kind]
         inputs = host.record(random_ids(n, vocab, 11 * length + n), length)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -99,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(exc, ClefError):
             message = f"{type(exc).__name__}: {message} (rerun with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+        failure = exc
+    # The line is the last thing on stderr: a graph the failed command still held (in the frames the
+    # exception keeps) is destroyed here, and LiteRT logs each accelerator it tears down on fd 2.
+    runtime = sys.modules.get("scripts.litert.gpu_accelerator")  # imported by whatever opened a graph
+    if runtime is not None:
+        with runtime.captured_stderr():
+            del failure
+            gc.collect()
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

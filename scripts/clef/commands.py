@@ -63,6 +63,60 @@ def smallest(candidates: list, fits, what: str, need: str):
     return fitting[0]
 
 
+def utf8(value: str, option: str) -> str:
+    """An argument the tokenizer can take: argv bytes that are not UTF-8 reach Python as surrogate
+    escapes, which it refuses with an exception that does not say so; named here by the first bad byte."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")  # the bytes as given on the command line
+    except UnicodeEncodeError as exc:  # a surrogate no byte escapes to (main() given such a str)
+        where = f"U+{ord(value[exc.start]):04X} at character {exc.start}"
+        raise ClefError(f"{option} is not valid UTF-8 (unpaired surrogate {where})") from None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClefError(f"{option} is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    return value
+
+
+# A graph file this large is hashed with a line saying so (a real-width bundle: ~27 GB, tens of seconds).
+ANNOUNCE_HASH_BYTES = 2**30
+
+
+def check_graph(root: Path, manifest: dict, name: str) -> None:
+    """Refuse to load graph `name` unless the file that holds it is the one the manifest names for it:
+    every manifest path inside the release and listed (reader.check_paths), the file's own metadata and
+    signatures saying it is this graph (kind, L or P/S, shapes: read from its head, cheap), then its
+    size and sha256 against `files` (the whole file read: what the manifest records, reader.changed)."""
+    paths = reader.check_paths(root, manifest)
+    if paths:
+        more = f" (and {len(paths) - 1} more problems)" if len(paths) > 1 else ""
+        raise ClefError(f"{root / reader.MANIFEST}: {paths[0]}{more}")
+    file = manifest["artifacts"][name]["file"]
+    if not (root / file).is_file():
+        raise ClefError(f"{root / file}, which holds {name}, is missing")
+    differs = reader.graph_identity(root, manifest, name)
+    if not differs:
+        entry = manifest["files"][file]
+        if entry.get("size", 0) >= ANNOUNCE_HASH_BYTES:
+            progress(f"run: hashing {file} ({entry['size'] / 1e9:.1f} GB) against the manifest before loading it")
+        differs = [why] if (why := reader.changed(root, file, entry)) else []
+    if differs:
+        raise ClefError(f"{root / file} is not the {name} the manifest names: {'; '.join(differs)}; not running it")
+
+
+def finite(hidden, graph: str) -> None:
+    """Hidden states [positions, H] at the real positions that may be shown: any NaN or inf there is an
+    error naming the graph and how many positions have one, never printed as an answer."""
+    import torch
+
+    bad = int((~torch.isfinite(hidden)).flatten(1).any(dim=1).sum())
+    if bad:
+        raise ClefError(
+            f"{graph} gave hidden states that are not finite (NaN or inf) at {bad} of {hidden.shape[0]} "
+            "real positions: no answer to show"
+        )
+
+
 def graph_signatures(root: Path, art: dict, gpu: bool, precision: str | None):
     """`signature(name)` over a release graph, by the graph's own signature names (None: a row's only
     one), in the file that holds it (a bundle: under its names there), each a callable on named torch
@@ -120,6 +174,9 @@ def run(args) -> int:
         raise ClefError("--top must be at least 1")
     if args.question and not args.pair:
         raise ClefError("--question needs --pair")
+    utf8(args.text, "--text")
+    for question in args.question:
+        utf8(question, "--question")
     precision = gpu_precision(args)
     manifest = reader.load_manifest(root)
     host = open_host(root, manifest, args.weights)
@@ -140,8 +197,10 @@ def run(args) -> int:
                 "row graph",
                 f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})",
             )
+        check_graph(root, manifest, path)
         signature = graph_signatures(root, art, args.gpu, precision)
         out = signature(None)(**host.record(ids, art["L"]))["hidden"]
+        finite(out[0, : len(ids)], f"{path} ({art['file']})")
         last = out[0, len(ids) - 1]
         print(
             f"{path} ({art['file']}): {len(ids)} tokens in L={art['L']} "
@@ -167,6 +226,7 @@ def run(args) -> int:
             raise ClefError(f"{need} do not fit --signature {args.signature} (P={art['P']}, S={art['S']})")
     else:
         path, art = smallest(pairs, fits, "pair", need)
+    check_graph(root, manifest, path)
     signature = graph_signatures(root, art, args.gpu, precision)
     shapes = {e["name"]: e["shape"] for e in art["signatures"]["suffix"]["inputs"] if e["name"] not in TOKEN_INPUTS}
     runner = PairRunner(
@@ -179,6 +239,8 @@ def run(args) -> int:
         shapes,
     )
     hidden, state = runner.prefix(ids)
+    names = art["signature_names"]
+    finite(hidden[0], f"{path} ({art['file']}, {names['prefix']}) on the context")
     print(
         f"{path} ({art['file']}): context of {len(ids)} tokens in P={art['P']} "
         f"({f'GPU {precision}' if args.gpu else 'CPU'}); "
@@ -186,6 +248,7 @@ def run(args) -> int:
     )
     for text, q in zip(args.question, questions, strict=True):
         out = runner.suffix(state, q)
+        finite(out[0], f"{path} ({art['file']}, {names['suffix']}) on question {text!r}")
         print(f"question {text!r} ({len(q)} tokens): last position {summarize(out[0, -1])}")
         print(f"  top lm_head tokens: {top_tokens(host, out[0, -1], args.top)}")
     return 0

@@ -96,6 +96,16 @@ def parse(text: str) -> Form:
     )
 
 
+def parse_canonical(text: str) -> Form:
+    """A form written in its one spelling (params.yaml: DVC compares the text, so `sp+R64` or ` R64`
+    would rerun every stage that reads the form for the same graph); any other spelling of a form the
+    grammar reads is refused with the canonical one suggested."""
+    form = parse(text)
+    if text != str(form):
+        raise ClefError(f"form {text!r} is not written canonically; did you mean {form}?")
+    return form
+
+
 def check_exportable(form: Form) -> None:
     """Refuse a form the exporter cannot turn into a delegate-ready graph, before any conversion."""
     if form.loop:

@@ -225,16 +225,17 @@ def _names(lib, sig, count_fn, name_fn) -> list[str]:
     return out
 
 
-def signature_shapes(path) -> dict[str, dict[str, dict[str, list[int]]]]:
-    """{signature key: {"inputs" | "outputs": {name: shape}}} from the file's own signature defs. Not
-    from the C API: its look-ups by name resolve a name that is both an input and an output of a
-    signature (a pair's suffix takes and returns `attn3_k`) to the output, in the model and in the
-    compiled model alike."""
+def signature_shapes(source) -> dict[str, dict[str, dict[str, list[int]]]]:
+    """{signature key: {"inputs" | "outputs": {name: shape}}} from the file's own signature defs
+    (`source`: a .tflite path, or a flatbuffer head already read). Not from the C API: its look-ups by
+    name resolve a name that is both an input and an output of a signature (a pair's suffix takes and
+    returns `attn3_k`) to the output, in the model and in the compiled model alike."""
     from ai_edge_litert import schema_py_generated as schema
 
     from scripts.litert import tflite_file
 
-    model = schema.Model.GetRootAs(tflite_file.read_head(path), 0)
+    head = source if isinstance(source, (bytes, bytearray)) else tflite_file.read_head(source)
+    model = schema.Model.GetRootAs(head, 0)
     out = {}
     for i in range(model.SignatureDefsLength()):
         sig = model.SignatureDefs(i)

@@ -13,19 +13,25 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from scripts.pipeline.errors import ClefError, check_interrupted
+
 
 @contextlib.contextmanager
 def writing(path: str | os.PathLike):
     """Open a temporary file beside `path` for binary writing; it replaces `path` only when the block
     ends without an exception (flushed and fsynced first), and is removed otherwise."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    except PermissionError:
+        raise ClefError(f"cannot write {path}: permission denied in {path.parent}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        check_interrupted()  # a Ctrl-C that was swallowed on the way: the old output stays
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -79,6 +85,7 @@ def swap_in_dirs(pairs: list[tuple[str | os.PathLike, str | os.PathLike]]) -> No
     """Replace each directory `final` by its finished `built`, all of them or none: the old ones are
     renamed aside first, and every rename is undone if one fails (renames only, no copies)."""
     pairs = [(Path(built), Path(final)) for built, final in pairs]
+    check_interrupted()  # a Ctrl-C that was swallowed on the way: the old directories stay
     aside, placed = [], []
     try:
         for _, final in pairs:

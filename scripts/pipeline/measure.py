@@ -184,11 +184,22 @@ def over_budget(rec: dict) -> str | None:
     if b["within"]:
         return None
     stack = f"{b['fp32_stack_bytes'] / 2**30:.2f} GiB" if b["fp32_stack_bytes"] is not None else "none yet"
+    peak, limit = distinct_gib(rec["peak_anon_bytes"], b["limit_bytes"])
     return (
-        f"{rec['stage']}: peak anonymous memory {rec['peak_anon_bytes'] / 2**30:.2f} GiB is over its budget "
-        f"{b['limit_bytes'] / 2**30:.2f} GiB (params.yaml memory: {b['factor']} x the fp32 stack ({stack}) + "
-        f"{b['overhead_gib']} GiB)"
+        f"{rec['stage']}: peak anonymous memory {peak} GiB is over its budget {limit} GiB (params.yaml memory: "
+        f"{b['factor']} x the fp32 stack ({stack}) + {b['overhead_gib']} GiB; raise memory.overhead_gib or "
+        "memory.factor if this machine needs more)"
     )
+
+
+def distinct_gib(a: int, b: int) -> tuple[str, str]:
+    """Byte counts a != b in GiB, with the fewest decimals (2 at least) that tell them apart: a peak over a
+    budget never reads as equal to it ("0.01 GiB is over its budget 0.01 GiB")."""
+    for decimals in range(2, 10):
+        shown = f"{a / 2**30:.{decimals}f}", f"{b / 2**30:.{decimals}f}"
+        if shown[0] != shown[1]:
+            return shown
+    return shown
 
 
 def record_runtime(

@@ -15,8 +15,7 @@ import math
 import re
 from pathlib import Path
 
-import yaml
-
+from scripts.checks import records
 from scripts.layers import kernel_form
 from scripts.pipeline.errors import ClefError
 
@@ -51,7 +50,7 @@ def _is_int(value) -> bool:
 
 
 def positive_number(value, name: str) -> float:
-    """A threshold or factor: a finite number > 0 (YAML `1e-4` without a dot is a string: refused)."""
+    """A threshold or factor: a finite number > 0 (a string such as `"1e-5x"` or `.nan` refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ClefError(f"params.yaml: {name} {value!r} is not a positive number")
     return float(value)
@@ -109,18 +108,19 @@ def pattern(regex: re.Pattern, what: str):
 
 
 def kernel_form_text(value, name: str) -> str:
-    """A form the grammar reads (scripts/layers/kernel_form.py); recorded forms may be ones the exporter refuses."""
+    """A form the grammar reads, in its canonical spelling (scripts/layers/kernel_form.py); recorded forms may
+    be ones the exporter refuses."""
     try:
-        kernel_form.parse(value)
+        kernel_form.parse_canonical(value)
     except ClefError as exc:
         raise ClefError(f"params.yaml: {name}: {exc}") from None
     return value
 
 
 def exportable_form(value, name: str) -> str:
-    """The form the graphs are built with: one the grammar reads and the exporter can lower."""
+    """The form the graphs are built with: one the grammar reads, canonically spelt, and the exporter can lower."""
     try:
-        kernel_form.check_exportable(kernel_form.parse(value))
+        kernel_form.check_exportable(kernel_form.parse_canonical(value))
     except ClefError as exc:  # the message names the form already
         raise ClefError(f"params.yaml: {exc}") from None
     return value
@@ -145,10 +145,21 @@ def lengths_list(value, name: str) -> list[int]:
     return value
 
 
+def graph_lengths(value, name: str) -> list[int]:
+    """The row graph lengths: lengths_list, each long enough for every record the checks build
+    (scripts/checks/records.py), which verify_model would otherwise refuse after removing its outputs."""
+    for n in lengths_list(value, name):
+        if problem := records.row_unfit(n):
+            least = next(m for m in range(n, 1 << 16) if records.row_unfit(m) is None)
+            raise ClefError(f"params.yaml: {name}: length {n} is too short for the checks: {problem} (L >= {least})")
+    return value
+
+
 def pairs_list(value, name: str) -> list[dict]:
-    """The shared-state pairs: a list of {prefix, suffix}, positive integers, each pair once."""
-    if not isinstance(value, list):
-        raise ClefError(f"params.yaml: `{name}` must be a list of {{prefix: P, suffix: S}}")
+    """The shared-state pairs: a non-empty list of {prefix, suffix}, positive integers, each pair once (as
+    `lengths` holds a row graph at least: the release promises both kinds)."""
+    if not isinstance(value, list) or not value:
+        raise ClefError(f"params.yaml: `{name}` must be a non-empty list of {{prefix: P, suffix: S}}")
     seen = set()
     for q in value:
         if not isinstance(q, dict) or set(q) != {"prefix", "suffix"}:
@@ -156,6 +167,8 @@ def pairs_list(value, name: str) -> list[dict]:
         for key in ("prefix", "suffix"):
             if not _is_int(q[key]) or q[key] <= 0:
                 raise ClefError(f"params.yaml: pair {q!r}: {key} is not a positive integer")
+        if problem := records.pair_unfit(q["prefix"], q["suffix"]):
+            raise ClefError(f"params.yaml: pair {q!r} is too short for the checks: {problem} does not fit")
         if (q["prefix"], q["suffix"]) in seen:
             raise ClefError(f"params.yaml: pair {q!r} is listed twice")
         seen.add((q["prefix"], q["suffix"]))
@@ -228,7 +241,7 @@ SCHEMA = {
         {"forms": form_list, "max_rel_vs_f64": THRESHOLD, "max_rel_per_position_vs_f64": THRESHOLD}
     ),
     "kernel_bench": mapping({"heads": count, "head_dim": count, "lengths": lengths_list, "repeats": count}),
-    "lengths": lengths_list,
+    "lengths": graph_lengths,
     "export_bench": mapping({"latency_repeats": count, "target_ops_per_gdn_layer_at_L64": count}),
     "verify_layers": mapping({"max_rel_vs_stock_f64": THRESHOLD, "max_rel_per_position_vs_stock_f64": THRESHOLD}),
     "verify_model": mapping(
@@ -338,15 +351,25 @@ def min_over_threshold(params: dict) -> float:
     return positive_numbers(params.get("controls"), ("min_over_threshold",), "controls")["min_over_threshold"]
 
 
+def parse_yaml(text: str, path: str | Path = "params.yaml"):
+    """YAML text as DVC reads params.yaml (ruamel's safe loader, YAML 1.2: `0200` is 200, `2:08` a
+    string, `1e-4` a number), so the schema checks the values the stages are given; `yes` and `no`
+    stay strings. Unparsable text is one line naming the file."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        return YAML(typ="safe").load(text)
+    except YAMLError as exc:
+        raise ClefError(f"{path} is not valid YAML: {exc}") from None
+
+
 def read(path: str | Path = "params.yaml") -> dict:
-    """params.yaml parsed, or one line saying why it cannot be."""
+    """params.yaml parsed as DVC parses it, or one line saying why it cannot be."""
     path = Path(path)
     if not path.is_file():
         raise ClefError(f"no params file at {path}")
-    try:
-        params = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ClefError(f"{path} is not valid YAML: {exc}") from None
+    params = parse_yaml(path.read_text(), path)
     if not isinstance(params, dict):
         raise ClefError(f"{path} must hold a mapping of sections")
     return params

@@ -126,16 +126,42 @@ def expected_metadata(manifest: dict, artifact: dict) -> dict:
     }
 
 
+def json_kind(value) -> str:
+    """A JSON value's kind in words, for a message ("a list", "a number", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before numbers: a bool is an int
+        return "a boolean"
+    kinds = ((dict, "an object"), (list, "a list"), (str, "a string"), ((int, float), "a number"))
+    return next(word for types, word in kinds if isinstance(value, types))
+
+
+# The manifest's tables every command indexes, each {name: JSON object}.
+TABLES = ("artifacts", "files")
+
+
 def load_manifest(root: Path) -> dict:
+    """A release's manifest, refused (one line) unless it is a JSON object of this FORMAT whose TABLES
+    are objects of objects: every command reads it here, so none meets a list where it indexes a table."""
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise ClefError(f"{root} is not a release: no {MANIFEST}")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ClefError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise ClefError(f"{path} is not a JSON object ({json_kind(manifest)})")
     if manifest.get("format") != FORMAT:
         raise ClefError(f"{path}: format {manifest.get('format')!r}, this clef reads {FORMAT}")
+    for table in TABLES:
+        if table not in manifest:
+            raise ClefError(f"{path} has no `{table}`")
+        if not isinstance(manifest[table], dict):
+            raise ClefError(f"{path}: `{table}` is not a JSON object ({json_kind(manifest[table])})")
+        for name, entry in manifest[table].items():
+            if not isinstance(entry, dict):
+                raise ClefError(f"{path}: `{table}` entry {name!r} is not a JSON object ({json_kind(entry)})")
     return manifest
 
 
@@ -159,16 +185,11 @@ def check_paths(root: Path, manifest: dict) -> list[str]:
     """Every path the manifest names (`files`, each artifact's `file`, the reference records) must lie
     inside the release and be listed in `files` with its hash: one line per path that does not.
     Checked before anything is hashed or loaded, so no path can make clef read outside the release."""
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        return ["manifest: `files` is not a table of the release's files"]
+    files = manifest["files"]  # load_manifest: tables of JSON objects
     problems = [f"manifest path {name!r} {why}" for name in files if (why := outside(root, name))]
-    artifacts = manifest.get("artifacts")
-    if not isinstance(artifacts, dict):
-        return problems + ["manifest: `artifacts` is not a table of the release's graphs"]
-    for art in artifacts.values():
-        graph = art.get("file") if isinstance(art, dict) else None
-        reference = art.get("reference", {}).get("file") if isinstance(art, dict) else None
+    for art in manifest["artifacts"].values():
+        graph = art.get("file")
+        reference = art["reference"].get("file") if isinstance(art.get("reference"), dict) else None
         for what, path in (("graph", graph), ("reference record", reference)):
             why = outside(root, path)
             if why:
@@ -186,8 +207,49 @@ def check_files(root: Path, manifest: dict) -> list[str]:
     present = {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) not in unlisted}
     problems = [f"missing file: {name}" for name in sorted(set(listed) - present)]
     for name in sorted(set(listed) & present):
-        f = root / name
-        if f.stat().st_size != listed[name]["size"] or sha256_file(f) != listed[name]["sha256"]:
-            problems.append(f"changed file: {name} (sha256 differs from the manifest)")
+        if why := changed(root, name, listed[name]):
+            problems.append(f"changed file: {name} ({why})")
     problems += [f"extra file: {name} (not in the manifest)" for name in sorted(present - set(listed))]
+    return problems
+
+
+def changed(root: Path, name: str, entry: dict) -> str | None:
+    """How release file `name` differs from its `files` entry: its size (free to read), else its sha256
+    (the whole file read); None when it is the file the manifest lists."""
+    size = (Path(root) / name).stat().st_size
+    if size != entry["size"]:
+        return f"{size} bytes, the manifest lists {entry['size']}"
+    if sha256_file(Path(root) / name) != entry["sha256"]:
+        return "sha256 differs from the manifest"
+    return None
+
+
+def graph_identity(root: Path, manifest: dict, name: str) -> list[str]:
+    """What the file holding graph `name` says it is against the manifest's entry for it, one phrase per
+    difference: its metadata (kind, L or P/S, revision, form, weights) and the names and input/output
+    shapes of its signatures, all from the flatbuffer head (no weights read). A file that is another
+    graph than the manifest names (a row of another L, a pair, another bundle) is named here before
+    anything runs it."""
+    from scripts.litert import litert_c, tflite_file
+
+    art = manifest["artifacts"][name]
+    head = tflite_file.read_head(Path(root) / art["file"])
+    meta = graph_metadata(tflite_file.read_metadata(head), name)
+    said = tflite_file.metadata_mismatches(meta, expected_metadata(manifest, art))
+    problems = [f"its metadata: {', '.join(said)}"] if said else []
+    shapes = litert_c.signature_shapes(head)
+    for own, called in (art.get("signature_names") or {}).items():
+        if called not in shapes:
+            problems.append(f"no signature {called!r}")
+            continue
+        want = (art.get("signatures") or {}).get(own) or {}
+        off = [
+            f"{e['name']} {shapes[called][side].get(e['name'])}, the manifest says {e['shape']}"
+            for side in ("inputs", "outputs")
+            for e in want.get(side, [])
+            if shapes[called][side].get(e["name"]) != e["shape"]
+        ]
+        if off:
+            more = f" (and {len(off) - 1} more)" if len(off) > 1 else ""
+            problems.append(f"signature {called!r}: {off[0]}{more}")
     return problems

@@ -1,0 +1,53 @@
+"""How many real tokens each host-built record of the checks holds, for a row graph of length L and a
+pair of prefix P and suffix S. Torch-free: params.yaml's schema (scripts/pipeline/params.py) holds
+`lengths` and `pairs` to the records the checks will build, so a length no check can take is refused
+before any stage runs, not by verify_model after it removed its outputs."""
+
+from __future__ import annotations
+
+
+def row_tokens(length: int) -> dict[str, int]:
+    """The row records of verify_model and verify_tflite: all L tokens, a right-padded record, and a
+    single token (the most padding)."""
+    return {"full": length, "padded": length - length // 3, "one_token": 1}
+
+
+def causality_tokens(length: int) -> int:
+    """verify_model's causality record: past half of L by a few tokens, a multiple of no chunk."""
+    return length // 2 + 3
+
+
+def chaining_lengths(P: int, S: int) -> tuple[list[int], list[int]]:
+    """The prefix lengths p and suffix lengths s a chaining check covers: 1, P/2 and P real prefix
+    tokens (the most padding, half, none), 1 and S real suffix tokens."""
+    return sorted({1, P // 2, P}), sorted({1, S})
+
+
+def shared_length(P: int) -> int:
+    """The prefix length the state and reuse checks (and the release's reference record) share with
+    chaining: P/2, half padded."""
+    return P // 2
+
+
+def row_unfit(length: int) -> str | None:
+    """Why the checks cannot build their records for a row graph of `length`, or None."""
+    need = [(f"the {k} record", n, length) for k, n in row_tokens(length).items()]
+    need.append(("the causality record (L//2 + 3)", causality_tokens(length), length))
+    return _unfit(need)
+
+
+def pair_unfit(P: int, S: int) -> str | None:
+    """Why the checks cannot build their records for a pair of prefix P and suffix S, or None."""
+    prefixes, suffixes = chaining_lengths(P, S)
+    need = [("a chaining prefix (1, P//2, P)", p, P) for p in prefixes]
+    need.append(("the shared prefix (P//2)", shared_length(P), P))
+    need += [("a chaining suffix (1, S)", s, S) for s in suffixes]
+    return _unfit(need)
+
+
+def _unfit(need: list[tuple[str, int, int]]) -> str | None:
+    """The first (what, tokens, room) whose tokens are not 1..room, in words, or None."""
+    for what, n, room in need:
+        if not 1 <= n <= room:
+            return f"{what} holds {n} tokens, outside 1..{room}"
+    return None

@@ -1,0 +1,108 @@
+"""`clef` on input it cannot use, with no release built: text that is not UTF-8 and manifests of the
+wrong shape are one line naming the input and the problem (exit 2), never an exception's class name,
+and nothing is written or removed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scripts.litert import precision_probe, tflite_file
+from scripts.release import reader
+from tests.conftest import assert_one_line_error, clef, tool_env, tree
+
+
+def clef_bytes(cwd: Path, *args: str | bytes) -> subprocess.CompletedProcess:
+    """The `clef` command with raw argv bytes, as a shell passes text that is not UTF-8."""
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "clef").encode(),
+            *(a if isinstance(a, bytes) else a.encode() for a in args),
+        ],
+        cwd=cwd,
+        env=tool_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        ([b"--text", b"abc\xff"], "--text is not valid UTF-8 (byte 0xff at offset 3)"),
+        ([b"--pair", b"--text", b"context", b"--question", b"q\xe9?"], "--question is not valid UTF-8 (byte 0xe9 at"),
+    ],
+)
+def test_clef_run_refuses_text_that_is_not_utf8(tmp_path, args, named):
+    """Checked before the release is opened (there is none here): the bad byte and where it is."""
+    proc = clef_bytes(tmp_path, "run", "--release", str(tmp_path / "absent"), *args)
+    line = assert_one_line_error(proc, named)
+    assert "Error" not in line and not list(tmp_path.iterdir()), line
+
+
+def probe_graph(path: Path) -> Path:
+    """A small .tflite with clef_litert metadata (the precision probe's one FULLY_CONNECTED): enough for
+    `clef audit` to read it and go on to the manifest beside it."""
+    raw = path.with_suffix(".raw")
+    raw.write_bytes(precision_probe.graph_bytes(np.zeros((precision_probe.COLUMNS, precision_probe.K), np.float32)))
+    meta = {
+        "kind": "row",
+        "L": 64,
+        "repo": "clef-litert/test",
+        "revision": "0" * 40,
+        "source": "test",
+        "form": "R64",
+        "weights": "fp32",
+        "contract_version": 2,
+        "versions": {},
+    }
+    tflite_file.write_with_metadata(raw, path, meta)
+    raw.unlink()
+    return path
+
+
+# (manifest.json's text, what the line says of it)
+BAD_MANIFESTS = [
+    ("[1, 2]", "manifest.json is not a JSON object (a list)"),
+    ("3", "manifest.json is not a JSON object (a number)"),
+    ('"release"', "manifest.json is not a JSON object (a string)"),
+    (
+        json.dumps({"format": reader.FORMAT, "artifacts": ["row_L64"], "files": {}}),
+        "manifest.json: `artifacts` is not a JSON object (a list)",
+    ),
+    (
+        json.dumps({"format": reader.FORMAT, "artifacts": {"row_L64": 64}, "files": {}}),
+        "manifest.json: `artifacts` entry 'row_L64' is not a JSON object (a number)",
+    ),
+    (
+        json.dumps({"format": reader.FORMAT, "artifacts": {}, "files": {"bundle/g.tflite": "abc"}}),
+        "manifest.json: `files` entry 'bundle/g.tflite' is not a JSON object (a string)",
+    ),
+]
+
+
+@pytest.mark.parametrize("command", ["verify", "run", "audit"])
+@pytest.mark.parametrize("text, named", BAD_MANIFESTS)
+def test_clef_refuses_a_manifest_of_the_wrong_shape(tmp_path, command, text, named):
+    """Valid JSON that is not a manifest's shape: one line naming the file and what it is, in each
+    command that reads a manifest (reader.load_manifest), not `'list' object has no attribute 'get'`."""
+    release = tmp_path / "release"
+    (release / "bundle").mkdir(parents=True)
+    (release / reader.MANIFEST).write_text(text)
+    if command == "audit":
+        probe_graph(release / "bundle" / "g.tflite")
+    before = tree(tmp_path)
+    args = {
+        "verify": ["verify", str(release)],
+        "run": ["run", "--release", str(release), "--text", "hello"],
+        "audit": ["audit", str(release / "bundle" / "g.tflite")],
+    }[command]
+    line = assert_one_line_error(clef(tmp_path, *args), str(release / named))
+    assert "Error" not in line and "attribute" not in line, line
+    assert tree(tmp_path) == before
