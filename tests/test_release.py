@@ -121,7 +121,8 @@ def test_tensor_hash_is_dtype_exact():
 @pytest.mark.parametrize(
     "pairs, fragment",
     [
-        ("x", "must be a list"),
+        ("x", "must be a non-empty list"),
+        ([], "must be a non-empty list"),
         ([{"prefix": 64}], "exactly prefix and suffix"),
         ([{"prefix": 0, "suffix": 64}], "prefix is not a positive integer"),
         ([{"prefix": 64, "suffix": 64}, {"prefix": 64, "suffix": 64}], "listed twice"),
