@@ -327,9 +327,7 @@ def verify(args) -> int:
             done += 1
             art = arts[name]
             progress(f"[{done}/{len(arts)}] {name} ({file}): metadata, reference record in the interpreter")
-            bad = tflite_file.metadata_mismatches(
-                reader.graph_metadata(meta, name), reader.expected_metadata(manifest, art)
-            )
+            bad = reader.metadata_problems(meta, manifest, name)
             if bad:
                 problems.append(f"{name}: metadata disagrees with the manifest: {'; '.join(bad)}")
                 continue
@@ -467,10 +465,8 @@ def audit(args) -> int:
         disagree.append("its sha256 differs from the manifest's")
     else:
         disagree += reader.bundle_problems(tflite_file.census(path), rel, manifest["artifacts"])
-        for name, art in held.items():
-            found = tflite_file.metadata_mismatches(
-                reader.graph_metadata(meta, name), reader.expected_metadata(manifest, art)
-            )
+        for name in held:
+            found = reader.metadata_problems(meta, manifest, name)
             disagree += [f"{name}: {line}" if bundled else line for line in found]
     if disagree:
         print(f"manifest:  {root / reader.MANIFEST} DISAGREES: {'; '.join(disagree)}")

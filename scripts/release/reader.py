@@ -115,6 +115,16 @@ def declared_weights(meta: dict | None) -> str:
     return (meta or {}).get("weights", "fp32")
 
 
+def metadata_problems(meta: dict | None, manifest: dict, name: str) -> list[str]:
+    """Where the metadata of the file holding graph `name` (tflite_file.read_metadata) disagrees with the
+    manifest's entry for it: the one comparison clef verify, clef audit and clef run make."""
+    from scripts.litert import tflite_file
+
+    return tflite_file.metadata_mismatches(
+        graph_metadata(meta, name), expected_metadata(manifest, manifest["artifacts"][name])
+    )
+
+
 def expected_metadata(manifest: dict, artifact: dict) -> dict:
     """What a release's graph must say of itself (tflite_file.read_metadata) given its manifest entry."""
     return {
@@ -234,8 +244,7 @@ def graph_identity(root: Path, manifest: dict, name: str) -> list[str]:
 
     art = manifest["artifacts"][name]
     head = tflite_file.read_head(Path(root) / art["file"])
-    meta = graph_metadata(tflite_file.read_metadata(head), name)
-    said = tflite_file.metadata_mismatches(meta, expected_metadata(manifest, art))
+    said = metadata_problems(tflite_file.read_metadata(head), manifest, name)
     problems = [f"its metadata: {', '.join(said)}"] if said else []
     shapes = litert_c.signature_shapes(head)
     for own, called in (art.get("signature_names") or {}).items():
