@@ -37,22 +37,22 @@ def stage(tmp_path, body: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+# A stage body that sends itself Ctrl-C and swallows the KeyboardInterrupt, as a gc callback does.
+SWALLOWED_CTRL_C = """
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    pass
+"""
+
+
 def test_a_swallowed_ctrl_c_still_stops_the_stage_before_it_writes(tmp_path):
     """Broken once: the conversion went on after `Exception ignored in: <function _xla_gc_callback>`, DVC
     recorded the outputs and exited 0. Here the interrupt is swallowed the same way, then the stage tries
     to write: nothing is written, one line, exit 130."""
     (tmp_path / "out.txt").write_text("the last good run's\n")
-    proc = stage(
-        tmp_path,
-        """
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            pass  # swallowed, as in a gc callback
-        atomic.write_text(out, "written after Ctrl-C\\n")
-        """,
-    )
+    proc = stage(tmp_path, SWALLOWED_CTRL_C + 'atomic.write_text(out, "written after Ctrl-C\\n")\n')
     said = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == errors.EXIT_INTERRUPTED and said == [
         "error: interrupted (Ctrl-C): stopped, no output written after it"
@@ -62,16 +62,7 @@ def test_a_swallowed_ctrl_c_still_stops_the_stage_before_it_writes(tmp_path):
 
 
 def test_a_swallowed_ctrl_c_fails_the_stage_even_with_nothing_left_to_write(tmp_path):
-    proc = stage(
-        tmp_path,
-        """
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
-        except KeyboardInterrupt:
-            pass
-        """,
-    )
+    proc = stage(tmp_path, SWALLOWED_CTRL_C)
     assert proc.returncode == errors.EXIT_INTERRUPTED and proc.stderr.startswith("error: interrupted"), proc.stderr
 
 
