@@ -1,5 +1,7 @@
-"""DVC stage `check_params`: all of params.yaml against scripts/pipeline/params.py's schema, and the
-signing key it names (scripts/release/signing.py), before any other stage.
+"""DVC stage `check_params`: all of params.yaml against scripts/pipeline/params.py's schema, the
+signing key it names (scripts/release/signing.py), and every figure recorded under results/ against the
+pass/fail bounds it sets (scripts/pipeline/bounds.py: no stage declares those, so none reruns for them),
+before any other stage.
 
 Every other stage depends on this stage's output, so DVC runs it first, and a refusal (one line, exit 2)
 stops `dvc repro` before any stage has removed an output. The output only says that the check passed:
@@ -9,8 +11,8 @@ persistent output (DVC does not delete it before the run), so a refused run leav
 
 from pathlib import Path
 
-from scripts.pipeline import atomic, layout, params
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline import atomic, bounds, layout, params
+from scripts.pipeline.errors import ClefError, run_stage
 from scripts.release import signing
 
 
@@ -18,6 +20,10 @@ def main() -> None:
     p = params.load()
     if p["release"]["signing_key"]:  # a key that cannot sign fails here, not after every stage has run
         signing.load_private_key(p["release"]["signing_key"], repo=Path.cwd())
+    failing = bounds.problems(p)
+    if failing:
+        more = f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""
+        raise ClefError(failing[0] + more)
     atomic.write_text(layout.PARAMS_CHECKED, "params.yaml passed the schema of scripts/pipeline/params.py\n")
     print("check_params: params.yaml is valid")
 

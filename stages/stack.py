@@ -6,21 +6,21 @@ the budget fails the stage: the weights were copied somewhere they should not ha
 """
 
 from scripts.checkpoint import snapshot
-from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline import atomic, bounds, layout, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.pipeline.measure import peak_rss_bytes
 from scripts.qwen35 import text_stack
 
 
 def main() -> None:
-    budget = params.load(["stack"])["stack"]
+    budget = params.bound_section("stack")
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
     _, info = text_stack.load_text_stack(path)
     info.update(
         {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"], "peak_rss_bytes": peak_rss_bytes()}
     )
-    limit = int(float(budget["rss_factor"]) * info["fp32_bytes"] + float(budget["rss_overhead_gib"]) * 2**30)
+    limit = bounds.rss_limit(budget, info["fp32_bytes"])
     info["rss_budget"] = {**budget, "limit_bytes": limit, "within": info["peak_rss_bytes"] <= limit}
     atomic.write_json(layout.result_path("stack"), info)
     metrics.write(

@@ -31,7 +31,17 @@ def main() -> None:
     a = ap.parse_args()
     if (a.length is None) == (a.prefix is None or a.suffix is None):
         raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
-    p = params.load(["form", "weights", "verify_gpu", "model.source"])  # layers: auto reads the source
+    p = params.load(
+        [
+            "form",
+            "weights",
+            "verify_gpu.section_fraction",
+            "verify_gpu.section_min_bytes",
+            "verify_gpu.section_work",
+            "verify_gpu.layers",
+            "model.source",
+        ]
+    )  # layers: auto reads the source
     form = str(kernel_form.parse(p["form"]))
     bounds = gpu_check.limits(p["verify_gpu"])
     limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]

@@ -11,7 +11,7 @@ from scripts.pipeline.errors import ClefError, run_stage
 
 
 def main() -> None:
-    p = params.load(["form", "verify_kernel", "controls"])
+    p = params.load(["form", "verify_kernel.forms"])
     form = str(kernel_form.parse(p["form"]))
     forms = [str(kernel_form.parse(f)) for f in p["verify_kernel"]["forms"]]
     limits = params.bounds(p, "verify_kernel", ("rel_vs_f64", "rel_per_position_vs_f64"))

@@ -12,7 +12,7 @@ from scripts.qwen35 import text_stack
 
 
 def main() -> None:
-    p = params.load(["form", "verify_layers", "controls"])
+    p = params.load(["form"])
     form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_layers", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64"))
     min_over = params.min_over_threshold(p)

@@ -12,7 +12,7 @@ from scripts.qwen35.host import Host
 
 
 def main() -> None:
-    p = params.load(["form", "lengths", "verify_model", "controls"])
+    p = params.load(["form", "lengths"])
     form = str(kernel_form.parse(p["form"]))
     lengths = p["lengths"]
     limits = params.bounds(p, "verify_model", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_causality"))

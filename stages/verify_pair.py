@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, required=True)
     ap.add_argument("--suffix", type=int, required=True)
     a = ap.parse_args()
-    p = params.load(["form", "weights", "verify_pair", "controls"])
+    p = params.load(["form", "weights"])
     form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(
         p,

@@ -23,7 +23,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, required=True)
     length = ap.parse_args().length
-    p = params.load(["form", "weights", "verify_tflite", "controls"])
+    p = params.load(["form", "weights", "verify_tflite.latency_repeats", "verify_tflite.latency_seconds"])
     form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
     limit = limits["rel_vs_torch"]

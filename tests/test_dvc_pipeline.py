@@ -18,7 +18,7 @@ import yaml
 
 from scripts.checks import controls
 from scripts.litert import tflite_file
-from scripts.pipeline import layout, readme, stage_deps
+from scripts.pipeline import bounds, layout, readme, stage_deps
 from scripts.release import builder
 from tests.conftest import ROOT, clef, dvc, dvc_run, git
 from tests.s3_server import add_s3_remote, s3_server, set_credentials
@@ -58,17 +58,13 @@ def test_editing_the_release_code_reruns_no_verify_stage():
 
 
 def params_sections_read(entry: Path) -> set[str]:
-    """The sections a stage asks scripts.pipeline.params.load for (a literal list in its entry point),
-    and `memory` when it runs under run_stage's memory budget (every stage but a budget=False one)."""
+    """The sections a stage asks scripts.pipeline.params.load for (a literal list in its entry point). The
+    pass/fail bounds it reads besides (its memory budget, its thresholds) are not declared: see below."""
     sections = set()
     for node in ast.walk(ast.parse(entry.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load" and node.args:
             if isinstance(node.args[0], ast.List):
                 sections |= {e.value for e in node.args[0].elts}
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_stage":
-            unbudgeted = any(k.arg == "budget" and getattr(k.value, "value", True) is False for k in node.keywords)
-            if not unbudgeted:
-                sections.add("memory")
     return sections
 
 
@@ -83,6 +79,22 @@ def test_stage_declares_the_params_it_reads(name):
     if declares_whole_params_file(stage):  # the release records all of params.yaml, so depends on all of it
         return
     assert params_sections_read(entry) == set(stage.get("params", []))
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_no_stage_declares_a_bound(name):
+    """A bound (scripts/pipeline/bounds.py) decides pass or fail: declared, a new value would rerun the stage
+    and rewrite outputs computed under the old one. check_params holds the records to it instead."""
+    declared = [p for p in STAGES[name].get("params", []) if isinstance(p, str)]
+    assert not [p for p in declared if bounds.is_bound(p)], name
+
+
+def test_every_bound_is_held_to_a_record():
+    """Each bound key names a params.yaml key, and each figure check_params holds names one of them."""
+    params = load_params(ROOT)
+    for key in bounds.KEYS:
+        assert bounds.value(params, key) is not None, key
+    assert all(bounds.is_bound(b.key) for b in bounds.FIGURES) and all(bounds.is_bound(k) for _, k in bounds.CONTROLLED)
 
 
 def test_every_stage_waits_for_the_params_checks():
@@ -155,7 +167,7 @@ def test_pipeline_end_to_end(pipeline):
     assert (repo / "results" / "stack.json").is_file()
     cached = {p.stat().st_ino for p in (repo / ".dvc" / "cache").rglob("*") if p.is_file()}
     shards = list((repo / "hf").rglob("*.safetensors"))
-    assert shards and all(p.stat().st_ino in cached for p in shards), "hf/ is a second copy of DVC's cache"
+    assert shards and not any(p.stat().st_ino in cached for p in shards), "hf/ shares its bytes with DVC's cache"
 
     params = load_params(repo)
     for n in params["lengths"]:
@@ -324,6 +336,17 @@ BAD_PARAMS = {
         lambda p: p["verify_tflite"].update(latency_repeats=float(p["verify_tflite"]["latency_repeats"])),
         "verify_tflite.latency_repeats 7.0 is not an integer >= 1",
     ),
+    # A pass/fail bound that a recorded figure already fails (no stage declares a bound: scripts/pipeline/bounds.py).
+    "37-memory-budget": (section("memory", "overhead_gib", 0.03), "params.yaml memory: a bound of 0.0"),
+    "37-stack-rss-budget": (section("stack", "rss_overhead_gib", 0.05), "params.yaml stack: a bound of"),
+    "37-threshold-under-a-record": (
+        section("verify_tflite", "max_rel_per_position_vs_torch", 1e-9),
+        "params.yaml verify_tflite.max_rel_per_position_vs_torch: a bound of 1e-09 fails max_rel_per_position",
+    ),
+    "37-control-margin": (
+        section("controls", "min_over_threshold", 1e9),
+        "params.yaml controls.min_over_threshold x verify_",
+    ),
 }
 
 
@@ -357,6 +380,58 @@ def test_bad_params_refused_before_any_output_is_removed(pipeline, case):
     ran = set(re.findall(r"Running stage '(\w+)", dvc(repo, "repro")))
     assert ran <= {"check_params"} and "Data and pipelines are up to date." in dvc(repo, "status")
     assert outputs(repo) == before
+
+
+def test_a_bound_every_record_meets_reruns_no_stage(pipeline):
+    """Bounds decide pass or fail and compute nothing: tightened or loosened within what every record
+    meets, `dvc repro` reruns check_params and the release (which records all of params.yaml) and no
+    stage that converts or checks, and every output but the release's stays byte for byte."""
+    repo = pipeline["repo"]
+    before = outputs(repo)
+    params = load_params(repo)
+    params["memory"]["overhead_gib"] = 3.5
+    params["stack"]["rss_factor"] = 1.5
+    params["controls"]["min_over_threshold"] = 50
+    params["verify_pair"]["max_rel_vs_row"] = 2.0e-4
+    params["verify_tflite"]["max_rel_vs_torch"] = 5.0e-5
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    try:
+        proc = dvc_run(repo, "repro")
+        ran = set(re.findall(r"Running stage '(\w+)", proc.stdout))
+        assert proc.returncode == 0 and ran == {"check_params", "release"}, (
+            ran,
+            proc.stdout[-2000:] + proc.stderr[-2000:],
+        )
+        kept = {k: v for k, v in outputs(repo).items() if not k.startswith(("artifacts/release", "artifacts/dist"))}
+        assert kept == {k: v for k, v in before.items() if k in kept} and set(kept) <= set(before)
+    finally:
+        git(repo, "checkout", "--", "params.yaml")
+        dvc(repo, "repro")
+
+
+def test_a_shard_changed_in_place_is_found_named_and_replaced(pipeline):
+    """One byte of a shard under hf/ flipped in place: DVC sees hf/ modified (it is not in DVC's cache, so the
+    edit cannot reach a cached copy), `dvc repro` reruns fetch alone, which names the shard and replaces it with
+    the snapshot's bytes; nothing downstream reruns and the cache holds no copy of the changed bytes."""
+    repo = pipeline["repo"]
+    before = outputs(repo)
+    shard = sorted((repo / "hf").rglob("*.safetensors"))[0]
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    changed = hashlib.sha256(shard.read_bytes()).hexdigest()
+    assert "modified:           hf" in dvc(repo, "status")
+    proc = dvc_run(repo, "repro")
+    ran = set(re.findall(r"Running stage '(\w+)", proc.stdout))
+    assert proc.returncode == 0 and ran == {"fetch"}, (ran, proc.stdout[-2000:] + proc.stderr[-2000:])
+    assert f"{shard.name} in hf/ differed from the snapshot fetched now" in proc.stdout, proc.stdout[-2000:]
+    assert outputs(repo) == before and "Data and pipelines are up to date." in dvc(repo, "status")
+    cached = [
+        p for p in (repo / ".dvc" / "cache").rglob("*") if p.is_file() and p.stat().st_size == shard.stat().st_size
+    ]
+    assert all(hashlib.sha256(p.read_bytes()).hexdigest() != changed for p in cached)
 
 
 # Refused by DVC itself while it reads dvc.yaml, before any stage runs (the README's "Bad input" quotes these).

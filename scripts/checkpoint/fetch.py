@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import sys
 from contextlib import contextmanager
@@ -268,6 +269,21 @@ def fetch(model: dict, cache: Path = Path("hf")) -> dict:
         repo, revision = download_hub(partial, model["repo"], model["revision"])
     else:
         raise ClefError(f"unknown model.source {model['source']!r}")
-    check_readable(snapshot_dir(partial, repo, revision))  # refused before it replaces hf/
+    fetched = snapshot_dir(partial, repo, revision)
+    check_readable(fetched)  # refused before it replaces hf/
+    rec = record(fetched, model["source"], repo, revision)
+    for name in changed_in_place(snapshot_dir(cache, repo, revision), rec):
+        print(f"fetch: {name} in {cache}/ differed from the snapshot fetched now (changed in place?): replaced")
     atomic.swap_in_dir(partial, cache)
-    return record(snapshot_dir(cache, repo, revision), model["source"], repo, revision)
+    return {**rec, "path": os.path.relpath(snapshot_dir(cache, repo, revision))}
+
+
+def changed_in_place(kept: Path, rec: dict) -> list[str]:
+    """The files of `rec` that the snapshot directory `kept`, left by an earlier fetch of the same revision
+    (hf/ persists across runs: dvc.yaml), holds with other bytes: an edit in place, which DVC noticed."""
+    return [
+        f["name"]
+        for f in rec["files"]
+        if (kept / f["name"]).is_file()
+        and ((kept / f["name"]).stat().st_size != f["size"] or sha256_file(kept / f["name"]) != f["sha256"])
+    ]

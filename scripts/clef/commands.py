@@ -535,7 +535,8 @@ def keys(args) -> int:
 
 
 def pull(args) -> int:
-    """`dvc pull`, after checking that the remote answers and holds something (one line if not)."""
+    """`dvc pull`, after checking that the remote answers and holds something (one line if not); then, for
+    a whole pull, the fetch stage, which restores hf/ (not pushed: the revision is pinned, the hub has it)."""
     import subprocess
 
     from scripts.pipeline import remote
@@ -546,4 +547,9 @@ def pull(args) -> int:
     done = subprocess.run(cmd)
     if done.returncode != 0:
         raise ClefError(f"dvc pull from {where} failed (exit {done.returncode}); its messages are above")
+    if not args.targets and not Path("hf").exists():
+        progress("pull: hf/ is not pushed; the fetch stage restores the pinned snapshot")
+        done = subprocess.run([sys.executable, "-m", "dvc", "repro", "fetch"])
+        if done.returncode != 0:
+            raise ClefError(f"dvc repro fetch failed (exit {done.returncode}); its messages are above")
     return 0

@@ -170,11 +170,11 @@ def stack_fp32_bytes(root: str = ".") -> int | None:
 
 def memory_budget(anon_peak_bytes: int, root: str = ".") -> dict:
     """The stage's peak anonymous memory against params.yaml `memory` and the stack's fp32 bytes."""
-    from scripts.pipeline import params
+    from scripts.pipeline import bounds, params
 
-    budget = params.load(["memory"], Path(root) / "params.yaml")["memory"]
+    budget = params.bound_section("memory", Path(root) / "params.yaml")
     fp32 = stack_fp32_bytes(root)
-    limit = int(float(budget["factor"]) * (fp32 or 0) + float(budget["overhead_gib"]) * 2**30)
+    limit = bounds.memory_limit(budget, fp32)
     return {**budget, "fp32_stack_bytes": fp32, "limit_bytes": limit, "within": anon_peak_bytes <= limit}
 
 

@@ -375,6 +375,12 @@ def read(path: str | Path = "params.yaml") -> dict:
     return params
 
 
+def bound_section(section: str, path: str | Path = "params.yaml") -> dict:
+    """A section of pass/fail bounds (scripts/pipeline/bounds.py: `memory`, `stack`), checked. A stage reads
+    it without declaring it in dvc.yaml, so a new value reruns no stage; check_params holds the records."""
+    return check_section(read(path), section, path)
+
+
 def load(sections=None, path: str | Path = "params.yaml") -> dict:
     """params.yaml with `sections` present and checked (a stage asks for the sections it declares in
     dvc.yaml; `section.key` declares one key, so that DVC reruns the stage when that key changes and not
