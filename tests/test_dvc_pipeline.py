@@ -444,6 +444,15 @@ DVC_REFUSES = {
         lambda text: text.replace("lengths: [64, 256]", "lengths: [64, 256"),
         "YAML file structure is corrupted",
     ),
+    # Issue 37: DVC resolves `foreach: ${lengths}` before any stage, so these name the key, not params.yaml.
+    "37-empty-params": (
+        lambda text: "",
+        "failed to parse 'stages.export.foreach' in 'dvc.yaml': Could not find 'lengths'",
+    ),
+    "37-lengths-a-string": (
+        lambda text: text.replace("lengths: [64, 256]", 'lengths: "64, 256"'),
+        "failed to resolve 'stages.export.foreach' in 'dvc.yaml': expected list/dictionary, got str",
+    ),
 }
 
 

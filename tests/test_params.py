@@ -154,3 +154,19 @@ def test_lengths_and_pairs_are_held_to_the_records_the_checks_build():
     p = copy.deepcopy(COMMITTED)
     p.update(lengths=[least], pairs=[{"prefix": 2, "suffix": 1}])
     assert refusal(p) == ""
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [("", "params.yaml must hold a mapping of sections"), ('lengths: "64, 256"\n', "lengths must be a non-empty list")],
+)
+def test_what_dvc_refuses_by_key_the_check_names_by_file(tmp_path, text, fragment):
+    """An empty params.yaml and a `lengths` that is not a list: DVC's own line names the key in dvc.yaml
+    (tests/test_dvc_pipeline.py DVC_REFUSES); the check, run by hand, names params.yaml."""
+    path = tmp_path / "params.yaml"
+    if text.startswith("lengths"):
+        text = (ROOT / "params.yaml").read_text().replace("lengths: [64, 128, 256]", text.strip())
+    path.write_text(text)
+    with pytest.raises(ClefError, match=fragment) as exc:
+        params.load(path=path)
+    assert str(exc.value).startswith(str(path)) or "params.yaml" in str(exc.value)

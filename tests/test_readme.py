@@ -194,7 +194,9 @@ def test_no_records_or_unknown_block_is_one_line(tmp_path, workspace):
 def test_the_readme_has_every_table():
     text = (ROOT / "README.md").read_text()
     found = [m.group("name") for m in readme.BLOCK.finditer(text)]
-    assert sorted(found) == sorted([*readme.TABLES, *readme.BENCH_TABLES, *readme.WEIGHTS_TABLES]), found
+    assert sorted(found) == sorted(
+        [*readme.TABLES, *readme.BENCH_TABLES, *readme.WEIGHTS_TABLES, *readme.DVC_TABLES]
+    ), found
 
 
 def test_run_outside_the_repository_is_one_line(tmp_path):
@@ -389,3 +391,29 @@ def test_the_real_width_weights_table_gives_each_precision_and_the_release_again
     assert "| fp16 compiled, partly, not run | 27.7 GB |" in text  # fp32: no goal of its own
     assert "| fp16: refused | 7.4 GB (goal <= 8 GB) |" in text
     assert text.index("`fp32`") < text.index("`fp16`") < text.index("`int8`")
+
+
+def test_params_table_says_which_stages_each_key_reruns(tmp_path):
+    """From dvc.yaml: a declared key names its stages, a foreach names its items, a bound reruns only the
+    stages that read the whole file; declaring a bound in a stage shows there (and is refused elsewhere:
+    tests/test_dvc_pipeline.py test_no_stage_declares_a_bound)."""
+    import shutil
+
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    rows = {
+        r.split(" | ")[0].lstrip("| "): r for r in readme.params_table(tmp_path).splitlines() if r.startswith("| `")
+    }
+    assert "| only check_params and release | a bound" in rows["`memory`"]
+    assert "export (one per item)" in rows["`lengths`"] and "verify_model" in rows["`lengths`"]
+    assert rows["`verify_kernel.forms`"].split(" | ")[1] == "verify_kernel"
+    text = (
+        (tmp_path / "dvc.yaml")
+        .read_text()
+        .replace("      - verify_kernel.forms\n", "      - verify_kernel.forms\n      - memory\n")
+    )
+    (tmp_path / "dvc.yaml").write_text(text)
+    rows = {
+        r.split(" | ")[0].lstrip("| "): r for r in readme.params_table(tmp_path).splitlines() if r.startswith("| `")
+    }
+    assert rows["`memory`"].split(" | ")[1] == "verify_kernel"

@@ -534,6 +534,15 @@ def keys(args) -> int:
 # ---- pull --------------------------------------------------------------------------------------
 
 
+def snapshot_missing(repo: Path) -> bool:
+    """True in a clone of the pipeline (its dvc.lock records the fetch stage) that has no hf/ yet."""
+    import yaml
+
+    lock = repo / "dvc.lock"
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.is_file() else {}
+    return "fetch" in stages and not (repo / "hf").exists()
+
+
 def pull(args) -> int:
     """`dvc pull`, after checking that the remote answers and holds something (one line if not); then, for
     a whole pull, the fetch stage, which restores hf/ (not pushed: the revision is pinned, the hub has it)."""
@@ -547,7 +556,7 @@ def pull(args) -> int:
     done = subprocess.run(cmd)
     if done.returncode != 0:
         raise ClefError(f"dvc pull from {where} failed (exit {done.returncode}); its messages are above")
-    if not args.targets and not Path("hf").exists():
+    if not args.targets and snapshot_missing(Path.cwd()):
         progress("pull: hf/ is not pushed; the fetch stage restores the pinned snapshot")
         done = subprocess.run([sys.executable, "-m", "dvc", "repro", "fetch"])
         if done.returncode != 0:

@@ -558,6 +558,48 @@ def weights_table(doc: dict) -> str:
 
 WEIGHTS_TABLES = {"weights": weights_table}  # from results/weights.json (make weights-bench)
 
+
+def params_table(root: Path) -> str:
+    """Which params.yaml keys rerun which stages, from `root`'s dvc.yaml (what each stage declares, or
+    iterates over with foreach) and scripts/pipeline/bounds.py (the keys no stage declares)."""
+    import yaml
+
+    from scripts.pipeline import bounds
+
+    raw = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    whole = [n for n, st in raw.items() if any(isinstance(p, dict) for p in st.get("do", st).get("params", []))]
+
+    def rerun(key: str) -> tuple[str, ...]:
+        section = key.split(".", 1)[0]
+        found = []
+        for name, st in raw.items():
+            declared = [p for p in st.get("do", st).get("params", []) if isinstance(p, str)]
+            over = st.get("foreach", "") == f"${{{section}}}"
+            if over or section in declared or key in declared or any(d.startswith(key + ".") for d in declared):
+                found.append(f"{name} (one per item)" if over else name)
+        return tuple(found)
+
+    body = []
+    for section, value in params.items():
+        keys = [f"{section}.{k}" for k in value] if isinstance(value, dict) else [section]
+        groups: dict[tuple, list[str]] = {}
+        for key in keys:
+            groups.setdefault((rerun(key), bounds.is_bound(key)), []).append(key)
+        for (stages, bound), members in groups.items():
+            named = f"`{section}`" if members == keys else ", ".join(f"`{k}`" for k in members)
+            why = (
+                "a bound: decides pass or fail; check_params holds the records to it"
+                if bound
+                else "they compute with it"
+            )
+            body.append([named, ", ".join(stages) or f"only {' and '.join(whole)}", why])
+    note = f"Any edit of params.yaml also reruns {' and '.join(whole)}, which read the whole file."
+    return f"{note}\n\n{table(['params.yaml', 'reruns', 'why'], body)}"
+
+
+DVC_TABLES = {"params": params_table}  # from dvc.yaml and params.yaml
+
 TABLES = {
     "bundle": bundle_table,
     "checks": checks_table,
@@ -582,12 +624,14 @@ def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
             body = f"{bench_line(bench)}\n\n{BENCH_TABLES[name](bench)}"
         elif name in WEIGHTS_TABLES:
             body = WEIGHTS_TABLES[name](read_weights(root))
+        elif name in DVC_TABLES:
+            body = DVC_TABLES[name](root)
         elif name in TABLES:
             if "rows" not in records:
                 records["rows"], records["run"] = read_metrics(root), run_line(root)
             body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
-            known = ", ".join([*TABLES, *BENCH_TABLES, *WEIGHTS_TABLES])
+            known = ", ".join([*TABLES, *BENCH_TABLES, *WEIGHTS_TABLES, *DVC_TABLES])
             raise ClefError(f"README block `{name}` has no table; known: {known}")
         if body != m.group("body"):
             changed.append(name)
