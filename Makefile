@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench
+.PHONY: lock release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench
 
 env: $(STAMP) vulkan
 
@@ -21,6 +21,14 @@ $(STAMP): requirements.txt pyproject.toml
 	# the `clef` command, editable: it runs this checkout's code
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
+
+# requirements.txt again from requirements.in, in a venv of its own (pip-tools is not part of the lock):
+# existing pins are kept; `make lock LOCK_ARGS="--upgrade-package transformers"` moves one.
+LOCK_VENV := $(VENV)/lock
+lock:
+	test -x $(LOCK_VENV)/bin/pip-compile || ($(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install --quiet pip-tools==7.7.0)
+	$(LOCK_VENV)/bin/pip-compile --quiet --allow-unsafe --strip-extras --no-emit-find-links --no-emit-index-url \
+		--no-emit-trusted-host $(LOCK_ARGS) --output-file requirements.txt requirements.in
 
 release: env
 	dvc repro

@@ -1,24 +1,49 @@
-"""scripts/pipeline/bounds.py: recorded figures held to the pass/fail bounds params.yaml sets now."""
+"""scripts/pipeline/bounds.py: recorded figures held to the pass/fail bounds params.yaml sets now. The
+records are written here, one of each kind (a fresh clone has none: they are DVC outputs); the session's
+pipeline run holds its own through check_params (tests/test_dvc_pipeline.py BAD_BOUNDS)."""
 
 import copy
 import json
 import math
-import shutil
 
 import pytest
 import yaml
 
-from scripts.pipeline import bounds, layout
+from scripts.pipeline import atomic, bounds, layout
 from tests.conftest import ROOT
 
 COMMITTED = yaml.safe_load((ROOT / "params.yaml").read_text())
+GIB = 2**30
 
 
 @pytest.fixture()
 def records(tmp_path):
-    """A copy of the committed records (results/), to edit; dvc.yaml beside it names their stages."""
-    shutil.copytree(ROOT / layout.RESULTS, tmp_path / layout.RESULTS)
-    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    """One record of each kind, every figure well within the committed bounds."""
+    written = {
+        "results/metrics/layers.json": {
+            "passed": True,
+            "max_rel": 2e-6,
+            "max_rel_per_position": 5e-6,
+            "threshold": 1e-5,
+            "control_over_threshold": 5e4,
+        },
+        "results/pair_P64_S64.json": {
+            "summary": {
+                "passed": True,
+                "max_rel_vs_row": {"torch": 2e-6, "litert": 3e-6},
+                "max_rel_state_vs_stock_f64": {"torch": 5e-6, "litert": 6e-6},
+            }
+        },
+        "results/gpu/gpu_row_L64.json": {"passed": True, "modes": {"mixed": {"over_floor": 1.5}}},
+        "results/runtime/stack.json": {
+            "stage": "stack",
+            "peak_anon_bytes": GIB // 2,
+            "memory_budget": {"fp32_stack_bytes": 10**6, "within": True},
+        },
+        "results/stack.json": {"fp32_bytes": 10**6, "peak_rss_bytes": GIB // 2, "rss_budget": {"within": True}},
+    }
+    for path, rec in written.items():
+        atomic.write_json(tmp_path / path, rec)
     return tmp_path
 
 
@@ -28,8 +53,18 @@ def edit_record(root, path, change) -> None:
     (root / path).write_text(json.dumps(rec))
 
 
-def test_the_committed_records_meet_the_committed_bounds():
-    assert bounds.problems(COMMITTED, ROOT) == []
+def with_value(key: str, value) -> dict:
+    p = copy.deepcopy(COMMITTED)
+    *sections, last = key.split(".")
+    target = p
+    for s in sections:
+        target = target[s]
+    target[last] = value
+    return p
+
+
+def test_records_within_the_committed_bounds_pass(records):
+    assert bounds.problems(COMMITTED, records) == []
 
 
 def test_a_figure_over_its_bound_is_named_with_its_key_and_record(records):
@@ -37,6 +72,11 @@ def test_a_figure_over_its_bound_is_named_with_its_key_and_record(records):
     (said,) = bounds.problems(COMMITTED, records)
     assert said.startswith("params.yaml verify_layers.max_rel_vs_stock_f64: a bound of 1e-05 fails max_rel 2.5e-05")
     assert "results/metrics/layers.json" in said and "(verify_layers)" in said
+
+
+def test_a_tightened_bound_fails_the_largest_figure_of_a_record(records):
+    (said,) = bounds.problems(with_value("verify_pair.max_rel_vs_row", 2.5e-6), records)
+    assert "verify_pair.max_rel_vs_row: a bound of 2.5e-06 fails summary.max_rel_vs_row 3e-06" in said
 
 
 def test_nan_never_meets_a_bound(records):
@@ -56,31 +96,24 @@ def test_a_record_of_a_failed_run_is_not_held(records):
 
 
 def test_a_control_must_still_break_a_looser_bound(records):
-    p = copy.deepcopy(COMMITTED)
-    control = json.loads((records / "results/metrics/model.json").read_text())
-    fault = control["control_over_threshold"] * control["threshold"]
-    p["verify_model"]["max_rel_vs_stock_f64"] = fault / p["controls"]["min_over_threshold"] * 1.01
-    found = [s for s in bounds.problems(p, records) if "control" in s]
-    assert len(found) == 1 and found[0].startswith("params.yaml controls.min_over_threshold x verify_model.")
-    p["verify_model"]["max_rel_vs_stock_f64"] = fault / p["controls"]["min_over_threshold"] * 0.99
-    assert not [s for s in bounds.problems(p, records) if "control" in s]
+    fault = 5e4 * 1e-5  # control_over_threshold x the threshold it was held to: the fault's error
+    need = COMMITTED["controls"]["min_over_threshold"]
+    (said,) = bounds.problems(with_value("verify_layers.max_rel_vs_stock_f64", fault / need * 1.01), records)
+    assert said.startswith("params.yaml controls.min_over_threshold x verify_layers.max_rel_vs_stock_f64")
+    assert bounds.problems(with_value("verify_layers.max_rel_vs_stock_f64", fault / need * 0.99), records) == []
 
 
 def test_budgets_hold_the_recorded_peaks(records):
-    peak = json.loads((records / layout.runtime_path("stack")).read_text())["peak_anon_bytes"]
-    p = copy.deepcopy(COMMITTED)
-    p["memory"] = {"factor": 0.0, "overhead_gib": 0.99 * peak / 2**30}
-    found = bounds.problems(p, records)
-    assert any("stage stack's peak anonymous memory" in s for s in found), found
-    p["stack"]["rss_overhead_gib"] = 0.01
-    assert any(s.startswith("params.yaml stack: a bound of") for s in bounds.problems(p, records))
+    p = with_value("memory", {"factor": 1.0, "overhead_gib": 0.4})
+    (said,) = bounds.problems(p, records)
+    assert "params.yaml memory: a bound of 0.401 GiB fails stage stack's peak anonymous memory 0.500 GiB" in said
+    (said,) = bounds.problems(with_value("stack.rss_overhead_gib", 0.25), records)
+    assert said.startswith("params.yaml stack: a bound of 0.251 GiB fails the peak RSS 0.500 GiB")
 
 
-def test_a_half_mode_held_to_the_floor_meets_its_records():
-    p = copy.deepcopy(COMMITTED)
-    p["verify_gpu"]["held_to_floor"] = ["mixed"]
-    worst = max(json.loads(f.read_text())["modes"]["mixed"]["over_floor"] for f in (ROOT / layout.GPU).glob("*.json"))
-    p["verify_gpu"]["fp16_max_over_floor"] = worst * 0.99
-    assert any("the mixed mode's over_floor" in s for s in bounds.problems(p, ROOT))
-    p["verify_gpu"]["fp16_max_over_floor"] = worst * 1.5
-    assert not [s for s in bounds.problems(p, ROOT) if "over_floor" in s]
+def test_a_half_mode_is_held_to_the_floor_only_when_named(records):
+    assert bounds.problems(with_value("verify_gpu.fp16_max_over_floor", 1.2), records) == []  # held_to_floor: []
+    p = with_value("verify_gpu.held_to_floor", ["mixed"])
+    p["verify_gpu"]["fp16_max_over_floor"] = 1.2
+    (said,) = bounds.problems(p, records)
+    assert "the mixed mode's over_floor 1.5" in said and str(layout.GPU) in said

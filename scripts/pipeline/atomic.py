@@ -16,6 +16,15 @@ from pathlib import Path
 from scripts.pipeline.errors import ClefError, check_interrupted
 
 
+def ordinary_mode() -> int:
+    """The mode open() gives a new file: 0666 less the umask (0644 under the usual 022). mkstemp's 0600
+    would leave every output unreadable to the rest of a team on a shared machine; no output is a secret
+    (private keys are written by scripts/release/signing.py, 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def writing(path: str | os.PathLike):
     """Open a temporary file beside `path` for binary writing; it replaces `path` only when the block
@@ -24,6 +33,7 @@ def writing(path: str | os.PathLike):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        os.fchmod(fd, ordinary_mode())
     except PermissionError:
         raise ClefError(f"cannot write {path}: permission denied in {path.parent}") from None
     try:
@@ -45,6 +55,7 @@ def scratch_file(beside: str | os.PathLike, suffix: str):
     beside = Path(beside)
     beside.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=beside.parent, prefix=f".{beside.name}.", suffix=suffix)
+    os.fchmod(fd, ordinary_mode())  # a scratch graph is renamed into place: it keeps this mode
     os.close(fd)
     try:
         yield Path(tmp)
