@@ -106,3 +106,57 @@ def test_clef_refuses_a_manifest_of_the_wrong_shape(tmp_path, command, text, nam
     line = assert_one_line_error(clef(tmp_path, *args), str(release / named))
     assert "Error" not in line and "attribute" not in line, line
     assert tree(tmp_path) == before
+
+
+def tarball(path: Path, members: dict[str, bytes]) -> Path:
+    """A .tar.zst holding `members` (name -> bytes), as scripts/release/builder.py compresses them."""
+    import io
+    import tarfile
+
+    from scripts.release import builder
+
+    with open(path, "wb") as raw, builder.compressor(1).stream_writer(raw) as zst:
+        with tarfile.open(fileobj=zst, mode="w|") as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "members, named",
+    [
+        ({"release/manifest.json": b"{}", "../outside.txt": b"x"}, "refused a member: "),
+        ({"/etc/clef.txt": b"x"}, "refused a member: "),
+        ({"one/manifest.json": b"{}", "two/manifest.json": b"{}"}, "holds ['one', 'two'], not one release directory"),
+    ],
+)
+def test_a_tarball_that_is_not_one_release_is_one_line_and_leaves_nothing(tmp_path, members, named):
+    path = tarball(tmp_path / "release.tar.zst", members)
+    before = tree(tmp_path)
+    assert_one_line_error(clef(tmp_path, "verify", str(path)), str(path), named)
+    assert tree(tmp_path) == before and not (tmp_path.parent / "outside.txt").exists()
+
+
+def test_a_cut_tarball_is_one_line(tmp_path):
+    path = tarball(tmp_path / "release.tar.zst", {"release/manifest.json": b"{}" * 5000})
+    path.write_bytes(path.read_bytes()[:40])
+    assert_one_line_error(clef(tmp_path, "verify", str(path)), "is not a whole release tarball")
+
+
+def test_version_names_the_release_format_and_needs_no_torch(tmp_path):
+    """`clef --version`, with torch, transformers and litert-torch made unimportable (a device team's venv)."""
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'transformers', 'litert_torch'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from scripts.clef.__main__ import main\n"
+        "sys.exit(main(['--version']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", blocker], cwd=tmp_path, env=tool_env(), capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith(f"reads release format {reader.FORMAT}"), proc
+    assert proc.stdout.startswith("clef-litert ")

@@ -236,6 +236,17 @@ def test_clef_verify_passes_on_the_release(built):
     assert "all checks passed" in proc.stdout and f"[{len(manifest['artifacts'])}/" in proc.stderr  # progress
 
 
+def test_clef_verify_takes_the_tarball_a_device_team_receives(built, tmp_path):
+    """The release's .tar.zst, unpacked beside itself, verified as the directory is, then removed."""
+    manifest = reader.load_manifest(built)
+    shutil.copy(built.parent / "dist" / (manifest["name"] + builder.TARBALL_SUFFIX), tmp_path)
+    (received,) = tmp_path.iterdir()
+    proc = clef(tmp_path, "verify", str(received))
+    assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert all(f"ok   {name}" in proc.stdout for name in manifest["artifacts"])
+    assert list(tmp_path.iterdir()) == [received]
+
+
 def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built):
     manifest = reader.load_manifest(built)
     for path, art in manifest["artifacts"].items():
@@ -663,6 +674,14 @@ def test_clef_verify_with_the_key(pipeline, built):
     proc = clef(built.parent, "verify", str(built), "--key", str(pipeline["public_key"]), "--require-signature")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok   signature: model.sig verifies with key sha256:" in proc.stdout and "all checks passed" in proc.stdout
+
+
+def test_openssf_model_signing_verifies_the_release_on_its_own(pipeline, built):
+    """The independent check the README gives a device team: OpenSSF's own CLI, not our code."""
+    tool = Path(sys.executable).parent / "model_signing"
+    args = ["verify", "key", "--signature", str(built / "model.sig"), "--public_key", str(pipeline["public_key"])]
+    proc = subprocess.run([str(tool), *args, str(built)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Verification succeeded" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize(

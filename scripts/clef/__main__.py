@@ -18,9 +18,23 @@ EXIT_FAILED = 1  # the command ran and found a problem (verify, audit)
 EXIT_BAD_INPUT = 2  # the command could not run on what it was given
 
 
+def version() -> str:
+    """This command's version and the release format it reads."""
+    from importlib import metadata
+
+    try:
+        ours = metadata.version("clef-litert")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        ours = "unknown (not installed: pip install -e .)"
+    from scripts.release.reader import FORMAT
+
+    return f"clef-litert {ours}, reads release format {FORMAT}"
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="clef", description="Run, verify and audit a clef-litert release.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    ap.add_argument("--version", action="version", version=version())
     sub = ap.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="tokenize, run a row graph (or a pair), print hidden states and top tokens")
@@ -47,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     )
 
     verify = sub.add_parser("verify", help="check a release: hashes, metadata, every signature on its reference record")
-    verify.add_argument("release", help="release directory")
+    verify.add_argument("release", help="a release directory, or its .tar.zst tarball")
     verify.add_argument(
         "--key",
         metavar="PUB.pem",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -283,11 +284,48 @@ def check_signature(root: Path, key: str | None, require: bool) -> list[str] | N
 
 
 def verify(args) -> int:
+    """A release directory, or the tarball a device team receives (unpacked beside it, then removed)."""
+    from scripts.release.builder import TARBALL_SUFFIX
+
+    path = Path(args.release)
+    if path.is_file() and path.name.endswith(TARBALL_SUFFIX):
+        with unpacked(path) as root:
+            return verify_directory(root, args)
+    if not path.is_dir():
+        raise ClefError(f"{path} is neither a release directory nor a release tarball (*{TARBALL_SUFFIX})")
+    return verify_directory(path, args)
+
+
+@contextlib.contextmanager
+def unpacked(tarball: Path):
+    """The release a tarball holds, unpacked into a temporary directory beside it (the same disk: a
+    release is many GB), removed afterwards. Members are held to tarfile's `data` filter: no absolute
+    path, none climbing out with `..`, no link leaving the directory, no device; and one top directory."""
+    import tarfile
+    import tempfile
+
+    import zstandard
+
+    from scripts.release import builder
+
+    with tempfile.TemporaryDirectory(dir=tarball.parent, prefix=f".{tarball.name}.") as tmp:
+        try:
+            with builder.open_tarball(tarball) as tar:
+                tar.extractall(tmp, filter="data")
+        except tarfile.FilterError as exc:
+            raise ClefError(f"{tarball}: refused a member: {exc}") from None
+        except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+            raise ClefError(f"{tarball} is not a whole release tarball: {exc}") from None
+        tops = list(Path(tmp).iterdir())
+        if len(tops) != 1 or not tops[0].is_dir():
+            raise ClefError(f"{tarball} holds {sorted(p.name for p in tops)}, not one release directory")
+        progress(f"verify: {tarball} unpacked into {tops[0]} (removed afterwards)")
+        yield tops[0]
+
+
+def verify_directory(root: Path, args) -> int:
     from scripts.litert import tflite_file, weight_storage
 
-    root = Path(args.release)
-    if not root.is_dir():
-        raise ClefError(f"{root} is not a directory")
     if args.require_signature and not args.key:
         raise ClefError("--require-signature needs --key PUB.pem, the public key to check the signature with")
     if args.key:

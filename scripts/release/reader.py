@@ -15,8 +15,6 @@ import hashlib
 import json
 from pathlib import Path, PurePosixPath
 
-import torch
-
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import checkpoint_layout
@@ -43,8 +41,10 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def tensor_sha256(t: torch.Tensor) -> str:
+def tensor_sha256(t) -> str:
     """Hash of a tensor's raw bytes (dtype-exact: a bf16 tensor hashes its bf16 bits)."""
+    import torch  # here: reading a manifest (clef --version, clef verify's hashes) needs no torch
+
     return sha256_bytes(t.contiguous().view(torch.uint8).numpy().tobytes())
 
 
