@@ -108,8 +108,9 @@ def test_clef_refuses_a_manifest_of_the_wrong_shape(tmp_path, command, text, nam
     assert tree(tmp_path) == before
 
 
-def tarball(path: Path, members: dict[str, bytes]) -> Path:
-    """A .tar.zst holding `members` (name -> bytes), as scripts/release/builder.py compresses them."""
+def tarball(path: Path, members: dict[str, bytes | str]) -> Path:
+    """A .tar.zst holding `members` (name -> bytes, or -> a symlink's target), compressed as
+    scripts/release/builder.py compresses a release."""
     import io
     import tarfile
 
@@ -119,6 +120,10 @@ def tarball(path: Path, members: dict[str, bytes]) -> Path:
         with tarfile.open(fileobj=zst, mode="w|") as tar:
             for name, data in members.items():
                 info = tarfile.TarInfo(name)
+                if isinstance(data, str):
+                    info.type, info.linkname = tarfile.SYMTYPE, data
+                    tar.addfile(info)
+                    continue
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return path
@@ -128,7 +133,7 @@ def tarball(path: Path, members: dict[str, bytes]) -> Path:
     "members, named",
     [
         ({"release/manifest.json": b"{}", "../outside.txt": b"x"}, "refused a member: "),
-        ({"/etc/clef.txt": b"x"}, "refused a member: "),
+        ({"release/manifest.json": b"{}", "release/passwd": "/etc/passwd"}, "refused a member: "),
         ({"one/manifest.json": b"{}", "two/manifest.json": b"{}"}, "holds ['one', 'two'], not one release directory"),
     ],
 )

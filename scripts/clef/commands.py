@@ -299,8 +299,8 @@ def verify(args) -> int:
 @contextlib.contextmanager
 def unpacked(tarball: Path):
     """The release a tarball holds, unpacked into a temporary directory beside it (the same disk: a
-    release is many GB), removed afterwards. Members are held to tarfile's `data` filter: no absolute
-    path, none climbing out with `..`, no link leaving the directory, no device; and one top directory."""
+    release is many GB), removed afterwards. Members are held to tarfile's `data` filter (a leading
+    `/` dropped): none climbing out with `..`, no link leaving the directory, no device; one top directory."""
     import tarfile
     import tempfile
 
@@ -319,7 +319,6 @@ def unpacked(tarball: Path):
         tops = list(Path(tmp).iterdir())
         if len(tops) != 1 or not tops[0].is_dir():
             raise ClefError(f"{tarball} holds {sorted(p.name for p in tops)}, not one release directory")
-        progress(f"verify: {tarball} unpacked into {tops[0]} (removed afterwards)")
         yield tops[0]
 
 
