@@ -434,7 +434,7 @@ def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["verify", "no/such/dir"], "not a directory"),
+        (["verify", "no/such/dir"], "no/such/dir is neither a release directory nor a release tarball"),
         (["audit", "params.yaml"], "not a readable .tflite"),
         (
             ["run", "--release", "artifacts/release", "--text", " ".join(str(i) for i in range(400))],
@@ -463,7 +463,7 @@ def test_clef_runs_as_a_module(tmp_path):
 
 def test_clef_debug_shows_the_traceback(tmp_path):
     proc = clef(tmp_path, "--debug", "verify", "no/such/dir")
-    assert proc.returncode != 0 and "Traceback" in proc.stderr and "not a directory" in proc.stderr
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "neither a release directory" in proc.stderr
 
 
 # ---- the signature: what the manifest alone cannot catch -------------------------------------------
