@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -56,8 +57,8 @@ def work(tmp_path, tiny_files):
     return work
 
 
-def run_fetch(work, hub) -> subprocess.CompletedProcess:
-    """The fetch stage in `work`, online, against the fake hub, with a private HF_HOME (no token)."""
+def hub_env(work, hub) -> dict:
+    """The environment of a run online against the fake hub, with a private HF_HOME (no token)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "TRANSFORMERS_OFFLINE"}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -67,8 +68,18 @@ def run_fetch(work, hub) -> subprocess.CompletedProcess:
         NO_PROXY="127.0.0.1,localhost",
         no_proxy="127.0.0.1,localhost",
     )
+    return env
+
+
+def run_fetch(work, hub) -> subprocess.CompletedProcess:
+    """The fetch stage in `work`, as DVC runs it, against the fake hub."""
     return subprocess.run(
-        [sys.executable, "-m", "stages.fetch"], cwd=work, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "stages.fetch"],
+        cwd=work,
+        env=hub_env(work, hub),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -267,3 +278,70 @@ def test_bytes_left_counts_files_a_kept_partial_dir_already_holds(tmp_path):
     (storage / "snapshots" / REVISION).mkdir(parents=True)
     (storage / "snapshots" / REVISION / "config.json").write_bytes(config)
     assert bytes_left(storage, REVISION, listed) == 0
+
+
+def fill_user_cache(work, hub, repo) -> Path:
+    """The user's own Hugging Face cache (HF_HOME/hub), filled as `hf download` fills it; -> its snapshot."""
+    code = f"from huggingface_hub import snapshot_download as d; print(d({repo!r}, revision={REVISION!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], env=hub_env(work, hub), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    snapshot = Path(proc.stdout.strip().splitlines()[-1])
+    assert snapshot.is_relative_to(work.parent / "hf-home" / "hub"), snapshot
+    hub.requests.clear()
+    return snapshot
+
+
+def cache_state(snapshot: Path) -> dict:
+    """Every file of the user's cache snapshot: (its bytes, its blob's inode)."""
+    return {p.name: (p.read_bytes(), p.stat().st_ino) for p in snapshot.iterdir()}
+
+
+def test_a_filled_hugging_face_cache_downloads_nothing(work, hub, tiny_files):
+    """The user already holds the pinned revision in their Hugging Face cache: fetch checks and copies it,
+    asks the hub for no file, and leaves the user's cache as it was (copies, not links, into hf/)."""
+    repo, files = tiny_files
+    theirs = fill_user_cache(work, hub, repo)
+    before = cache_state(theirs)
+    proc = run_fetch(work, hub)
+    assert_snapshot(work, proc, repo, files)
+    assert hub.resolves("GET") == [] and hub.resolves("HEAD") == []  # no shard, no file at all
+    n = len(wanted(files))
+    assert f"fetch: {n} of {n} files" in proc.stdout and "copied from the Hugging Face cache" in proc.stdout
+    assert cache_state(theirs) == before
+    ours = {p.stat().st_ino for p in (work / "hf").rglob("*") if p.is_file()}
+    assert not ours & {ino for _, ino in before.values()}
+
+
+USER_CACHE_FAULTS = {  # what a user's cache can hold instead of the hub's bytes, and the line naming it
+    "flipped-shard": (flipped, lambda data: f"sha256 {sha256(flipped(data))[:12]}... differs from the hub's"),
+    "truncated-shard": (
+        lambda data: data[: len(data) // 2],
+        lambda data: f"it has {len(data) // 2} bytes where the hub lists {len(data)}",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USER_CACHE_FAULTS) + ["missing-shard"])
+def test_a_bad_or_missing_file_in_the_hugging_face_cache_is_downloaded(work, hub, tiny_files, case):
+    """One shard of the user's cache is not the hub's (or absent): it alone is downloaded, named when bad,
+    and the user's copy is left as it was; every good file is copied, not downloaded."""
+    repo, files = tiny_files
+    theirs = fill_user_cache(work, hub, repo)
+    bad = shards(files)[-1]
+    blob = (theirs / bad).resolve()
+    if case == "missing-shard":
+        (theirs / bad).unlink()
+        blob.unlink()
+    else:
+        spoil, says = USER_CACHE_FAULTS[case]
+        blob.chmod(0o644)
+        blob.write_bytes(spoil(files[bad]))
+    before = cache_state(theirs)
+    proc = run_fetch(work, hub)
+    assert_snapshot(work, proc, repo, files)
+    assert {path.rsplit("/", 1)[1] for _, path, _ in hub.resolves("GET")} == {bad}
+    if case != "missing-shard":
+        assert f"fetch: {bad} in the Hugging Face cache" in proc.stdout and says(files[bad]) in proc.stdout
+    n = len(wanted(files))
+    assert f"fetch: {n - 1} of {n} files" in proc.stdout
+    assert cache_state(theirs) == before

@@ -8,23 +8,25 @@ again (huggingface_hub retries a cut transfer itself; a file it gave up on start
 
 A hub download first asks the hub for the file list at the pinned revision and refuses to start
 when the repository has no safetensors weights, or when the disk cannot hold what is left to
-download plus a margin (`DISK_MARGIN`). After the download every file is checked against that
-list: its size, then its sha256 (LFS files: the weights) or its git blob id (the small files). A
+download plus a margin (`DISK_MARGIN`). Files the user's own Hugging Face cache (`HF_HUB_CACHE`,
+`HF_HOME`) holds at that revision are checked against the list (size, then huggingface_hub's
+`verify_repo_checksums`) and copied, never linked: hf/ is the pipeline's to replace, the user's cache
+is not. huggingface_hub downloads the rest. Then every file is checked against the list again; a
 file that fails is deleted from the partial directory, so the next attempt downloads it again
 instead of trusting it, and no hf/ is written.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from scripts.checkpoint.snapshot import CHUNK, check_readable, record, sha256_file, snapshot_dir
+from scripts.checkpoint.snapshot import check_readable, record, sha256_file, snapshot_dir
 from scripts.pipeline import atomic
 from scripts.pipeline.errors import ClefError
 
@@ -93,6 +95,7 @@ def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
     if not ({"model.safetensors", "model.safetensors.index.json"} & set(listed)):
         raise ClefError(f"{repo}@{revision} has no safetensors weights (pickle checkpoints are refused)")
     check_room(cache, storage, repo, revision, listed)
+    copy_from_user_cache(storage, repo, revision, listed)
     with _hub_errors(repo, revision):
         path = snapshot_download(
             repo_id=repo,
@@ -118,19 +121,17 @@ def listed_size(entry) -> int | None:
 
 
 def bytes_left(storage: Path, revision: str, listed: dict) -> int:
-    """Bytes of `listed` files still to download into the cache folder `storage` of the repository.
+    """Bytes of `listed` files still to download (or copy) into the cache folder `storage` of the repository."""
+    return sum(max(0, (listed_size(e) or 0) - held(storage, revision, n, e)) for n, e in listed.items())
 
-    A file counts as present when its snapshot entry or its blob (named by its etag: the LFS sha256,
-    else the git blob id) exists: snapshot_download links it without fetching it again.
-    """
-    left = 0
-    for name, entry in listed.items():
-        size = listed_size(entry) or 0
-        etag = entry.lfs.sha256 if entry.lfs is not None else entry.blob_id
-        candidates = [storage / "snapshots" / revision / name] + ([storage / "blobs" / etag] if etag else [])
-        present = next((p.stat().st_size for p in candidates if p.is_file()), 0)
-        left += max(0, size - present)
-    return left
+
+def held(storage: Path, revision: str, name: str, entry) -> int:
+    """Bytes of file `name` the cache folder `storage` already holds: its snapshot entry's or its blob's
+    (named by its etag: the LFS sha256, else the git blob id), which snapshot_download links without
+    fetching it again; 0 when it holds neither."""
+    etag = entry.lfs.sha256 if entry.lfs is not None else entry.blob_id
+    candidates = [storage / "snapshots" / revision / name] + ([storage / "blobs" / etag] if etag else [])
+    return next((p.stat().st_size for p in candidates if p.is_file()), 0)
 
 
 def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dict) -> None:
@@ -153,29 +154,13 @@ def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dic
 
 
 def check_download(snapshot: Path, repo: str, revision: str, listed: dict) -> None:
-    """Check the downloaded files against the hub's list: sizes, then sha256 (LFS) or git blob id.
+    """Check the downloaded files against the hub's list (`problems`).
 
     huggingface_hub checks a transfer's length but no hash, and trusts a blob already in the cache:
     a file that fails here is deleted (snapshot entry and blob) so the next attempt fetches it again.
     """
-    bad = {}
-    for name, entry in sorted(listed.items()):
-        path = snapshot / name
-        if not path.is_file():
-            bad[name] = "missing after the download"
-        elif listed_size(entry) is not None and path.stat().st_size != listed_size(entry):
-            bad[name] = f"it has {path.stat().st_size} bytes where the hub lists {listed_size(entry)}"
-    for name, entry in sorted(listed.items()):
-        if name in bad:
-            continue
-        if entry.lfs is not None:
-            kind, want, got = "sha256", entry.lfs.sha256, sha256_file(snapshot / name)
-        elif entry.blob_id:
-            kind, want, got = "git blob sha1", entry.blob_id, git_blob_id(snapshot / name)
-        else:
-            continue
-        if got != want:
-            bad[name] = f"{kind} {got[:12]}... differs from the hub's {want[:12]}..."
+    bad = {name: "missing after the download" for name in sorted(listed) if not (snapshot / name).is_file()}
+    bad.update(problems(snapshot, repo, revision, {n: e for n, e in listed.items() if n not in bad}))
     if bad:
         for name in bad:
             forget(snapshot / name)
@@ -187,13 +172,71 @@ def check_download(snapshot: Path, repo: str, revision: str, listed: dict) -> No
         )
 
 
-def git_blob_id(path: Path) -> str:
-    """The git object id of a file: the hub's `blobId` of a file kept outside LFS."""
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
+# huggingface_hub's names for the two hashes the hub lists, in the words of our messages
+HASH_NAMES = {"sha256": "sha256", "git-sha1": "git blob sha1"}
+
+
+def problems(folder: Path, repo: str, revision: str, listed: dict) -> dict[str, str]:
+    """name -> what is wrong, for each `listed` file in `folder` that is not the hub's: its size first
+    (cheap, and the clearer line), then its sha256 (LFS files) or git blob id through huggingface_hub's
+    `verify_repo_checksums`, run over a folder linking only these files so nothing else is hashed."""
+    from huggingface_hub import HfApi
+
+    bad = {}
+    for name, entry in sorted(listed.items()):
+        size, want = (folder / name).stat().st_size, listed_size(entry)
+        if want is not None and size != want:
+            bad[name] = f"it has {size} bytes where the hub lists {want}"
+    hashed = sorted(set(listed) - set(bad))
+    if not hashed:
+        return bad
+    with tempfile.TemporaryDirectory(prefix="verify-", dir=folder.parents[3]) as links:
+        for name in hashed:
+            (Path(links) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(links) / name).symlink_to((folder / name).absolute())
+        with _hub_errors(repo, revision):
+            verdict = HfApi().verify_repo_checksums(repo, revision=revision, local_dir=links)
+    for m in sorted(verdict.mismatches, key=lambda m: m["path"]):
+        kind = HASH_NAMES.get(m["algorithm"], m["algorithm"])
+        bad[m["path"]] = f"{kind} {m['actual'][:12]}... differs from the hub's {m['expected'][:12]}..."
+    return dict(sorted(bad.items()))
+
+
+def user_cache_snapshot(repo: str, revision: str) -> Path:
+    """Where the user's own Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub) keeps `repo` at `revision`."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "snapshots" / revision
+
+
+def copy_from_user_cache(storage: Path, repo: str, revision: str, listed: dict) -> list[str]:
+    """Copy into the partial snapshot under `storage` each `listed` file it lacks that the user's Hugging
+    Face cache holds with the hub's size and hash; -> the names copied. A file that fails the check is
+    named and left where it is (the user's cache is theirs): huggingface_hub downloads it instead."""
+    theirs = user_cache_snapshot(repo, revision)
+    ours = storage / "snapshots" / revision
+    if not theirs.is_dir() or (ours.is_dir() and ours.resolve() == theirs.resolve()):
+        return []
+    wanted = {n: e for n, e in listed.items() if (theirs / n).is_file() and not held(storage, revision, n, e)}
+    if not wanted:
+        return []
+    bad = problems(theirs, repo, revision, wanted)
+    for name, why in bad.items():
+        print(f"fetch: {name} in the Hugging Face cache {theirs.parents[2]} is not the hub's ({why}): downloading it")
+    copied = sorted(set(wanted) - set(bad))
+    for name in copied:
+        target = ours / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = target.with_name(target.name + ".copying")  # a cut copy never poses as the file
+        shutil.copyfile(theirs / name, scratch)
+        os.replace(scratch, target)
+    if copied:
+        size = sum(listed_size(listed[n]) or 0 for n in copied)
+        print(
+            f"fetch: {len(copied)} of {len(listed)} files ({gb(size)}) copied from the Hugging Face cache "
+            f"{theirs.parents[2]}, each checked against the hub's hash"
+        )
+    return copied
 
 
 def forget(pointer: Path) -> None:
