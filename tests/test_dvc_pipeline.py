@@ -21,7 +21,7 @@ from scripts.litert import tflite_file
 from scripts.pipeline import atomic, bounds, layout, readme, stage_deps
 from scripts.release import builder
 from tests.conftest import ROOT, clef, dvc, dvc_run, git
-from tests.s3_server import add_s3_remote, s3_server, set_credentials
+from tests.s3_server import CREDENTIALS, REGION, add_s3_remote, s3_server, set_credentials
 
 STAGES = {name: st.get("do", st) for name, st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items()}
 
@@ -555,6 +555,9 @@ def test_model_artifacts_declared(pipeline):
         assert (pipeline["repo"] / a["path"]).is_dir(), a["path"]
 
 
+RELEASE_TAG = "clef-flash-litert@v0.1.0"  # a version of dvc.yaml's artifact, in GTO's tag format
+
+
 @pytest.fixture(scope="module")
 def pulled_clone(pipeline, tmp_path_factory) -> Path:
     """The pipeline's repo pushed to an S3 remote (an S3-API server on loopback, tests/s3_server.py),
@@ -564,6 +567,7 @@ def pulled_clone(pipeline, tmp_path_factory) -> Path:
         add_s3_remote(repo, dvc, "team", "s3://team/clef-litert", endpoint)
         git(repo, "add", "-A")  # the remote's config and the dvc.lock of what is pushed, as a team commits them
         git(repo, "commit", "-qm", "release and remote")
+        git(repo, "tag", "-a", RELEASE_TAG, "-m", "the release, for `dvc artifacts get`")  # as the README says
         dvc(repo, "push")
         clone = tmp_path_factory.mktemp("clone") / "repo"
         git(repo.parent, "clone", "-q", str(repo), str(clone))
@@ -588,6 +592,62 @@ def test_remote_round_trip(pipeline, pulled_clone):
     proc = clef(pulled_clone, "verify", "artifacts/release", "--key", key, "--require-signature")
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout + proc.stderr
     assert "ok   signature: model.sig verifies with key" in proc.stdout
+
+
+def test_a_fresh_clone_compares_and_gets_the_release_through_the_remote(pipeline, pulled_clone, tmp_path):
+    """A teammate's fresh clone, pulled nothing, rebuilt nothing: `dvc metrics diff` against the pushed commit
+    loads every metrics record from the remote, `dvc exp show` lists that commit's metrics, and `dvc artifacts
+    get` downloads the tagged release byte for byte. The remote holds no shard of hf/ (the hub does)."""
+    repo, pushed = pipeline["repo"], git(pulled_clone, "rev-parse", "HEAD").strip()
+    fresh = tmp_path / "fresh"
+    git(tmp_path, "clone", "-q", str(repo), str(fresh))
+    set_credentials(fresh, dvc, "team")
+    records = {
+        f"results/metrics/{p.name}": json.loads(p.read_text()) for p in (repo / "results/metrics").glob("*.json")
+    }
+    proc = dvc_run(fresh, "metrics", "diff", pushed, "--all", "--json")
+    assert proc.returncode == 0 and "failed to load" not in proc.stderr, proc.stderr[-3000:]
+    diff = json.loads(proc.stdout)
+    assert set(diff) == set(records)
+    for path, row in records.items():
+        numbers = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        assert numbers and {k: diff[path][k]["old"] for k in numbers} == numbers, path
+
+    shown = {e["rev"]: e for e in json.loads(dvc(fresh, "exp", "show", "--json"))}
+    assert set(shown[pushed]["data"]["metrics"]) == set(records)
+
+    out = tmp_path / "release"
+    assert "Downloaded" in dvc(fresh, "artifacts", "get", ".", "clef-flash-litert", "-o", str(out))
+    manifest = json.loads((repo / "artifacts/release/manifest.json").read_text())
+    for name, entry in manifest["files"].items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == entry["sha256"], name
+
+    keys = remote_keys(fresh)
+    shards = [p for p in (repo / "hf").rglob("*.safetensors")]
+    assert shards and keys
+    for shard in shards:
+        md5 = hashlib.md5(shard.read_bytes()).hexdigest()
+        assert f"files/md5/{md5[:2]}/{md5[2:]}" not in keys, f"{shard.name} was pushed"
+
+
+def remote_keys(clone: Path) -> set[str]:
+    """Every object key under the clone's default DVC remote (the loopback S3), relative to its path."""
+    import boto3
+
+    url = dvc(clone, "remote", "default").strip()
+    config = {
+        k: v for k, v in (line.split("=", 1) for line in dvc(clone, "config", "--list").splitlines() if "=" in line)
+    }
+    bucket, _, prefix = config[f"remote.{url}.url"].removeprefix("s3://").partition("/")
+    client = boto3.client(
+        "s3",
+        endpoint_url=config[f"remote.{url}.endpointurl"],
+        region_name=REGION,
+        aws_access_key_id=CREDENTIALS["access_key_id"],
+        aws_secret_access_key=CREDENTIALS["secret_access_key"],
+    )
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return {o["Key"].removeprefix(prefix + "/") for page in pages for o in page.get("Contents", [])}
 
 
 def test_form_and_weights_overrides_reach_every_stage_that_reads_them(pulled_clone):
