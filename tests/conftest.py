@@ -131,6 +131,26 @@ def clef(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+WITHOUT_TORCH = ("torch", "transformers", "litert_torch")  # what a device team's venv need not hold
+
+
+def clef_without_torch(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`clef ARGS` with torch, transformers and litert-torch made unimportable: a device team's venv."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {WITHOUT_TORCH!r}:\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from scripts.clef.__main__ import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=1200
+    )
+
+
 @pytest.fixture(scope="session")
 def release_keys(tmp_path_factory) -> tuple[Path, Path]:
     """A throwaway signing key pair (private, public), outside every repository, as `make keys` makes it."""

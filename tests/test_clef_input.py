@@ -14,7 +14,7 @@ import pytest
 
 from scripts.litert import precision_probe, tflite_file
 from scripts.release import reader
-from tests.conftest import assert_one_line_error, clef, tool_env, tree
+from tests.conftest import assert_one_line_error, clef, clef_without_torch, tool_env, tree
 
 
 def clef_bytes(cwd: Path, *args: str | bytes) -> subprocess.CompletedProcess:
@@ -152,16 +152,6 @@ def test_a_cut_tarball_is_one_line(tmp_path):
 
 def test_version_names_the_release_format_and_needs_no_torch(tmp_path):
     """`clef --version`, with torch, transformers and litert-torch made unimportable (a device team's venv)."""
-    blocker = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'transformers', 'litert_torch'):\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "from scripts.clef.__main__ import main\n"
-        "sys.exit(main(['--version']))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", blocker], cwd=tmp_path, env=tool_env(), capture_output=True, text=True)
+    proc = clef_without_torch(tmp_path, "--version")
     assert proc.returncode == 0 and proc.stdout.strip().endswith(f"reads release format {reader.FORMAT}"), proc
     assert proc.stdout.startswith("clef-litert ")

@@ -19,7 +19,7 @@ from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.release import builder, reader, references
-from tests.conftest import assert_one_line_error, clef, run_stage, tool_env, tree
+from tests.conftest import assert_one_line_error, clef, clef_without_torch, run_stage, tool_env, tree
 
 
 def small_release(root: Path) -> dict:
@@ -237,13 +237,22 @@ def test_clef_verify_passes_on_the_release(built):
 
 
 def test_clef_verify_takes_the_tarball_a_device_team_receives(built, tmp_path):
-    """The release's .tar.zst, unpacked beside itself, verified as the directory is, then removed."""
+    """The release's .tar.zst, unpacked beside itself, verified as the directory is, then removed: in a
+    device team's venv, with torch, transformers and litert-torch unimportable (the records run as numpy
+    arrays, the figures through the same error metric). Only --gpu asks for torch, in one line."""
     manifest = reader.load_manifest(built)
     shutil.copy(built.parent / "dist" / (manifest["name"] + builder.TARBALL_SUFFIX), tmp_path)
     (received,) = tmp_path.iterdir()
-    proc = clef(tmp_path, "verify", str(received))
+    proc = clef_without_torch(tmp_path, "verify", str(received))
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert all(f"ok   {name}" in proc.stdout for name in manifest["artifacts"])
+    with_torch = clef(tmp_path, "verify", str(received))
+    assert with_torch.returncode == 0
+    assert [line for line in proc.stdout.splitlines() if line.startswith("ok")] == [
+        line for line in with_torch.stdout.splitlines() if line.startswith("ok")
+    ], "the figures without torch are the figures with it"
+    assert list(tmp_path.iterdir()) == [received]
+    assert_one_line_error(clef_without_torch(tmp_path, "verify", str(received), "--gpu"), "--gpu needs torch")
     assert list(tmp_path.iterdir()) == [received]
 
 

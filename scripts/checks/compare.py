@@ -12,13 +12,15 @@
   >= 0.25 x median) keeps its exact relative figure, so an error there is still seen.
 Either side not finite: both figures are inf (NaN or inf in the output) or NaN (in the reference),
 and `judge` names the key. Every bound is checked as `not value <= limit`, so NaN fails it.
+The figures are computed in numpy float64 from torch tensors or numpy arrays alike, so `clef verify`
+measures a release with the same formula and no torch installed.
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
+import numpy as np
 
 from scripts.pipeline.errors import ClefError
 
@@ -29,36 +31,47 @@ median position norm (over its finite reference positions); see the module docst
 NOT_FINITE = {"inf": "NaN or inf in the output", "nan": "NaN or inf in the reference"}
 
 
-def _finite(t: torch.Tensor) -> bool:
-    return bool(torch.isfinite(t).all())
+def float64(t) -> np.ndarray:
+    """A torch tensor (any dtype, any device) or an array-like as a float64 numpy array."""
+    if hasattr(t, "detach"):  # torch, imported by the caller, not here
+        t = t.detach().cpu().double().numpy()
+    return np.asarray(t, dtype=np.float64)
 
 
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+def rel(x, ref) -> float:
     """max |x - ref| / max |ref| (inf: x not finite; NaN: ref not finite)."""
-    if not _finite(ref):
+    x, ref = float64(x), float64(ref)
+    if not np.isfinite(ref).all():
         return float("nan")
-    if not _finite(x):
+    if not np.isfinite(x).all():
         return float("inf")
-    x, ref = x.double(), ref.double()
-    return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
+    return float(np.abs(x - ref).max() / max(float(np.abs(ref).max()), 1e-300))
 
 
-def rel_per_position(x: torch.Tensor, ref: torch.Tensor, position_dim: int = -2) -> list[float]:
+def lower_median(values: np.ndarray) -> float:
+    """The lower of the two middle values for an even count (torch.median's rule, kept so the figures
+    recorded before numpy computed them stay the same)."""
+    return float(np.sort(values)[(len(values) - 1) // 2])
+
+
+def rel_per_position(x, ref, position_dim: int = -2) -> list[float]:
     """||x_t - ref_t|| / max(||ref_t||, POSITION_NORM_FLOOR x median_t ||ref_t||) at each position t along
     `position_dim` (the norm over every other axis; the median over the positions whose reference is
     finite); inf where x_t is not finite, NaN where ref_t is not."""
-    x = x.double().movedim(position_dim, 0).reshape(x.shape[position_dim], -1)
-    ref = ref.double().movedim(position_dim, 0).reshape(ref.shape[position_dim], -1)
-    ref_finite = torch.isfinite(ref).all(dim=-1)
-    norms = ref.norm(dim=-1)
-    floor = POSITION_NORM_FLOOR * float(norms[ref_finite].median()) if bool(ref_finite.any()) else 0.0
-    err = (x - ref).norm(dim=-1) / norms.clamp_min(max(floor, 1e-300))
-    err[~torch.isfinite(x).all(dim=-1)] = float("inf")
+    x, ref = float64(x), float64(ref)
+    x = np.moveaxis(x, position_dim, 0).reshape(x.shape[position_dim], -1)
+    ref = np.moveaxis(ref, position_dim, 0).reshape(ref.shape[position_dim], -1)
+    ref_finite = np.isfinite(ref).all(axis=-1)
+    norms = np.linalg.norm(ref, axis=-1)
+    floor = POSITION_NORM_FLOOR * lower_median(norms[ref_finite]) if ref_finite.any() else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in a non-finite row: set below
+        err = np.linalg.norm(x - ref, axis=-1) / np.maximum(norms, max(floor, 1e-300))
+    err[~np.isfinite(x).all(axis=-1)] = float("inf")
     err[~ref_finite] = float("nan")
     return [float(e) for e in err]
 
 
-def figures(what: str, x: torch.Tensor, ref: torch.Tensor, position_dim: int | None = -2) -> dict:
+def figures(what: str, x, ref, position_dim: int | None = -2) -> dict:
     """{"rel_<what>": global, "rel_per_position_<what>": worst position} for x against ref
     (position_dim None: a tensor without positions, such as a recurrent state: the global figure only)."""
     if tuple(x.shape) != tuple(ref.shape):

@@ -288,6 +288,11 @@ def verify(args) -> int:
     from scripts.release.builder import TARBALL_SUFFIX
 
     path = Path(args.release)
+    if args.gpu:
+        try:
+            import torch  # noqa: F401  (the GPU accelerator's signatures hand torch tensors to the checks)
+        except ImportError:
+            raise ClefError("clef verify --gpu needs torch (pip install torch); without --gpu it does not") from None
     if path.is_file() and path.name.endswith(TARBALL_SUFFIX):
         with unpacked(path) as root:
             return verify_directory(root, args)
@@ -369,7 +374,7 @@ def verify_directory(root: Path, args) -> int:
                 problems.append(f"{name}: metadata disagrees with the manifest: {'; '.join(bad)}")
                 continue
             ref = art["reference"]
-            records[name] = references.load_reference(root, ref["file"])
+            records[name] = references.load_reference(root, ref["file"], arrays=True)  # no torch needed
             measured = references.run_reference(root / file, art["kind"], records[name], names=art["signature_names"])
             found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
             print(

@@ -15,15 +15,22 @@ numpy arrays, as the classic interpreter's signature runner is.
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import tempfile
 from pathlib import Path
-
-import torch
 
 from scripts.litert import gpu_accelerator
 from scripts.pipeline.errors import ClefError
 
 CACHE_FILE = "weights.xnnpack"
+
+
+def default_threads() -> int:
+    """torch's thread count where torch is loaded (a stage: the interpreter and torch take the same cores),
+    else the cores this process may run on (`clef verify`, which needs no torch)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else len(os.sched_getaffinity(0))
 
 
 class CpuGraph:
@@ -40,7 +47,7 @@ class CpuGraph:
             from ai_edge_litert.options import Options
 
             options = Options(hardware_accelerators=HardwareAccelerator.CPU)
-            options.cpu_options.num_threads = threads or torch.get_num_threads()
+            options.cpu_options.num_threads = threads or default_threads()
             options.cpu_options.xnnpack_weight_cache_path = str(Path(self._cache.name) / CACHE_FILE)
             try:
                 self.model = CompiledModel.from_file(str(self.path), options=options)

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from scripts.litert import litert_c
 from scripts.pipeline.errors import ClefError
@@ -123,11 +122,14 @@ class Compiled:
             gc.collect()
 
     def signature(self, name: str | None = None):
-        """A signature as a callable on named torch tensors -> {output name: float32 tensor}."""
+        """A signature as a callable on named torch tensors (or numpy arrays) -> {output name: float32
+        tensor}: the checks compute on torch; torch is imported when a signature is made."""
+        import torch
+
         run = signature_runner(self.model, self.path, name, quiet_runs=True)
 
         def call(**feeds):
-            out = run(**{k: v.detach().cpu().numpy() for k, v in feeds.items()})
+            out = run(**{k: v.detach().cpu().numpy() if hasattr(v, "detach") else v for k, v in feeds.items()})
             return {k: torch.from_numpy(v) for k, v in out.items()}
 
         return call
@@ -299,7 +301,7 @@ def prove_mode(mode: str) -> ModeProof:
     check_mode(mode)
     compiled = compile(precision_probe.graph_path(), mode)
     try:
-        y = compiled.signature("probe")(x=torch.from_numpy(precision_probe.inputs()[0]))["y"].numpy()
+        y = compiled.signature("probe")(x=precision_probe.inputs()[0])["y"].numpy()
     finally:
         compiled.close()
     err = precision_probe.error(y)

@@ -6,19 +6,20 @@ in the interpreter it already has open (`measure`): the record's sha256 and its 
 The release stage packages the record with those figures, once the sha256 shows it is the record
 measured, and runs no graph; `clef verify` reruns it wherever the release lands (`run_reference`, or
 `reference_error` on the GPU accelerator). Nothing here imports the release's reader or signing code,
-so editing those does not rerun the verify stages.
+so editing those does not rerun the verify stages; nor torch, which `clef verify` does not need: a
+record is read and run as numpy arrays there, as torch tensors in the stages, with one error metric.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from scripts.pipeline.errors import ClefError
 
 
-def row_reference(record: dict, hidden: torch.Tensor) -> dict:
+def row_reference(record: dict, hidden) -> dict:
     """A row graph's reference record: its inputs and torch's hidden states [n, H] at its n real
     positions."""
     n = int(record["valid"].sum())
@@ -27,7 +28,7 @@ def row_reference(record: dict, hidden: torch.Tensor) -> dict:
     return {**record, "expected": hidden[None].contiguous()}
 
 
-def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_hidden: torch.Tensor) -> dict:
+def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_hidden) -> dict:
     """A pair's reference record: both signatures' token inputs (the first p ids in the prefix, the
     rest in the suffix), and the row graph's hidden states over the ids (`row_hidden`) at the suffix
     positions: the chaining rule the pair promises."""
@@ -39,10 +40,19 @@ def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_h
     }
 
 
-def load_reference(root: Path, name: str) -> dict:
-    from safetensors.torch import load_file
+def load_reference(root: Path, name: str, arrays: bool = False) -> dict:
+    """The record `name` under `root`: torch tensors, or numpy arrays with `arrays` (no torch needed)."""
+    if arrays:
+        from safetensors.numpy import load_file
+    else:
+        from safetensors.torch import load_file
 
     return load_file(str(Path(root) / name))
+
+
+def float32(v):
+    """A record's tensor or array as float32, of the same kind."""
+    return v.astype(np.float32) if isinstance(v, np.ndarray) else v.float()
 
 
 def reference_error(signature, kind: str, record: dict) -> dict:
@@ -50,10 +60,11 @@ def reference_error(signature, kind: str, record: dict) -> dict:
     expectation, global and per position (scripts/checks/compare.py: rel_vs_expected,
     rel_per_position_vs_expected, inf if an output is not finite). `signature(name)` gives a signature
     (None: the only one) as a callable on named torch tensors returning a dict of them: the
-    interpreter's (run_reference) or the GPU accelerator's (scripts/litert/gpu_accelerator.py)."""
+    interpreter's (run_reference) or the GPU accelerator's (scripts/litert/gpu_accelerator.py). The record
+    may hold numpy arrays instead (load_reference's `arrays`), for a signature that takes them."""
     from scripts.checks import compare
 
-    feed = {k: v.to(torch.float32) for k, v in record.items() if k != "expected"}
+    feed = {k: float32(v) for k, v in record.items() if k != "expected"}
     expected = record["expected"]
     if kind == "row":
         out = signature(None)(**feed)["hidden"]
@@ -69,10 +80,12 @@ def reference_error(signature, kind: str, record: dict) -> dict:
 
 def run_reference(path: Path, kind: str, record: dict, threads: int | None = None, names: dict | None = None) -> dict:
     """reference_error in the LiteRT interpreter; `names`: the graph's signatures are these in the file
-    (a bundle's: renamed)."""
-    from scripts.checks.tflite_check import interpreter
+    (a bundle's: renamed). A record of numpy arrays runs without torch."""
+    from scripts.litert.cpu_graph import CpuGraph
 
-    signature = interpreter_signature(interpreter(path, threads))
+    graph = CpuGraph(path, threads)
+    arrays = all(isinstance(v, np.ndarray) for v in record.values())
+    signature = array_signature(graph) if arrays else interpreter_signature(graph)
     return reference_error(renamed(signature, names) if names else signature, kind, record)
 
 
@@ -88,6 +101,16 @@ def interpreter_signature(graph):
     from scripts.qwen35.host import litert_signature
 
     return lambda name: litert_signature(graph.get_signature_runner(*([name] if name else [])))
+
+
+def array_signature(graph):
+    """`signature(name)` for reference_error over a graph open in the interpreter, on numpy arrays."""
+
+    def signature(name):
+        runner = graph.get_signature_runner(*([name] if name else []))
+        return lambda **feeds: {k: v.copy() for k, v in runner(**feeds).items()}
+
+    return signature
 
 
 def measure(graph_path: Path, kind: str, graph) -> dict:
