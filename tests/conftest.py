@@ -176,7 +176,7 @@ def pipeline(tmp_path_factory, release_keys) -> dict:
     """`dvc repro` of the whole pipeline on the embedded default with TEST_PARAMS, once per session, in a
     temporary git copy of the repo whose params.yaml signs the release with `release_keys`. Nothing is
     committed after it: the graphs record the commit they were built at, so a forced rebuild at the same
-    commit must give the same bytes. -> {"repo", "log", "public_key"}"""
+    commit must give the same bytes. -> {"repo", "log" (stdout), "stderr", "public_key"}"""
     repo = repo_copy(tmp_path_factory.mktemp("pipeline") / "repo")
     p = yaml.safe_load((repo / "params.yaml").read_text())
     assert p["release"]["signing_key"] is None, (
@@ -188,7 +188,9 @@ def pipeline(tmp_path_factory, release_keys) -> dict:
         text = text.replace(old, new.format(key=release_keys[0]))
     (repo / "params.yaml").write_text(text)
     git(repo, "commit", "-qam", "the test's lengths and pair; sign the release with a throwaway key")
-    return {"repo": repo, "log": dvc(repo, "repro"), "public_key": release_keys[1]}
+    proc = dvc_run(repo, "repro")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"repo": repo, "log": proc.stdout, "stderr": proc.stderr, "public_key": release_keys[1]}
 
 
 def pytest_collection_modifyitems(items):

@@ -18,7 +18,7 @@ import yaml
 
 from scripts.checks import controls
 from scripts.litert import tflite_file
-from scripts.pipeline import atomic, bounds, layout, readme, stage_deps
+from scripts.pipeline import atomic, bounds, layout, quiet, readme, stage_deps
 from scripts.release import builder
 from tests.conftest import ROOT, clef, dvc, dvc_run, git
 from tests.s3_server import CREDENTIALS, REGION, add_s3_remote, s3_server, set_credentials
@@ -164,6 +164,13 @@ def test_pipeline_end_to_end(pipeline):
     repo, first = pipeline["repo"], pipeline["log"]
     for name in STAGES:
         assert f"Running stage '{name}" in first, first  # foreach stages run as name@item
+    lines = (first + pipeline["stderr"]).replace("\r", "\n").splitlines()
+    noise = [
+        line
+        for line in lines
+        if quiet.NOISE.match(line.encode()) or re.search(r"\w+Warning: ", line) or "[START]" in line
+    ]
+    assert not noise, f"third-party log lines in the repro's output: {noise[:5]}"
     assert (repo / "results" / "stack.json").is_file()
     cached = {p.stat().st_ino for p in (repo / ".dvc" / "cache").rglob("*") if p.is_file()}
     shards = list((repo / "hf").rglob("*.safetensors"))

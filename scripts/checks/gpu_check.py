@@ -173,7 +173,8 @@ class ModeRun:
     def __call__(self, signature: str, feeds: list[dict]) -> list[dict]:
         start = time.perf_counter()
         try:
-            return self.graph.run(self.compile, signature, feeds)
+            where = f"{self.graph.path.stem} {signature}"
+            return self.graph.run(self.compile, signature, feeds, progress=f"GPU {self.mode}: {where}")
         finally:
             self.seconds += time.perf_counter() - start
 

@@ -20,7 +20,7 @@ import torch
 from scripts.layers import kernel_form, split_linear, weight_precision
 from scripts.layers.kernel_form import Form
 from scripts.litert import tflite_file, weight_storage
-from scripts.pipeline import atomic, params, provenance
+from scripts.pipeline import atomic, params, provenance, quiet
 from scripts.pipeline.errors import ClefError
 
 DEFAULT_SIGNATURE = "serving_default"  # the name litert_torch.convert gives a lone signature
@@ -45,6 +45,8 @@ def convert_signatures(signatures: dict, path: Path) -> None:
     a GPU binds as one buffer is converted as row blocks (split_linear: exact)."""
     import litert_torch
 
+    quiet.mute_converter_progress()  # its step-by-step console; one line of ours instead
+    print(f"converting {', '.join(signatures)} with litert-torch ({quiet.DEBUG_ENV}=1 shows each step)", flush=True)
     converter = litert_torch.Converter()
     modules = [module for module, _ in signatures.values()]
     try:

@@ -347,11 +347,14 @@ class SectionedGraph:
     def sections(self, signature: str) -> list[Section]:
         return self.plans[signature].sections
 
-    def run(self, compile_section, signature: str, feeds: list[dict]) -> list[dict]:
+    def run(self, compile_section, signature: str, feeds: list[dict], progress: str | None = None) -> list[dict]:
         """Each of `feeds` ({signature input name: array}) through `signature`'s sections in order ->
         [{signature output name: array}]. compile_section(path) -> an object with .signature() (a
         callable on named arrays or tensors) and .close(); each section is compiled once for the
-        whole batch and closed before the next."""
+        whole batch and closed before the next. `progress`: a progress bar so named, one step a section
+        (a section takes minutes on a software GPU at real width)."""
+        from tqdm import tqdm
+
         p = self.plans[signature]
         whole = len(p.sections) == 1 and p.sections[0].path == self.path
         values = [{p.inputs[k]: v for k, v in feed.items()} for feed in feeds]
@@ -360,7 +363,8 @@ class SectionedGraph:
             missing = sorted(k for k, t in p.inputs.items() if t in needed and t not in v)
             if missing:
                 raise ClefError(f"{self.path.name} {signature}: no input {missing[0]} fed ({len(missing)} missing)")
-        for index, s in enumerate(p.sections):
+        bar = tqdm(p.sections, desc=progress, unit="section", disable=progress is None, mininterval=2, leave=False)
+        for index, s in enumerate(bar):
             compiled = compile_section(s.path)
             try:
                 run = compiled.signature(signature if whole else None)

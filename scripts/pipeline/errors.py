@@ -60,10 +60,14 @@ def _fail(message: str, status: int) -> None:
 
 
 def run_stage(main: Callable[[], None], budget: bool = True) -> None:
-    """run_command for a DVC stage: one that finishes also leaves its time, peak RSS and peak anonymous
-    memory in results/runtime/ (scripts/pipeline/measure.py), and fails when that memory is over the
-    budget (params.yaml `memory`). `budget=False`: a benchmark script, neither recorded (it is not
-    a pipeline stage) nor held to the budget."""
+    """run_command for a DVC stage, quiet (scripts/pipeline/quiet.py): one that finishes also leaves its
+    time, peak RSS and peak anonymous memory in results/runtime/ (scripts/pipeline/measure.py), and fails
+    when that memory is over the budget (params.yaml `memory`). `budget=False`: a benchmark script,
+    neither recorded (it is not a pipeline stage) nor held to the budget."""
+
+    from scripts.pipeline import quiet
+
+    quiet.install()  # third-party log noise off this process's output (CLEF_DEBUG=1 keeps it)
 
     def measured() -> None:
         from scripts.pipeline.measure import AnonPeak, over_budget, process_seconds, record_runtime
