@@ -351,7 +351,9 @@ def build(
     bundled = bundle_section(next(iter(holders.values()))) if merged is not None else None
     atomic.write_text(
         build_dir / reader.CARD,
-        card.render(name, rec, form, p["weights"], host_section, artifacts, overall, signed, bundled),
+        card.render(
+            name, rec, form, p["weights"], host_section, artifacts, overall, signed, bundled, card.checkpoint_card(snap)
+        ),
     )
     files = builder.file_table(build_dir, hashed)
     manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed, bundled)

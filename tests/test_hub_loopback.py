@@ -29,19 +29,23 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 FOREVER = 10**6  # cut every GET of the file until the test mends the hub
 
 
+MODEL_CARD = b"---\nlicense: apache-2.0\nbase_model: Qwen/Qwen3.5-9B\n---\n# tiny\n"
+
+
 @pytest.fixture
 def tiny_files(tiny_cache) -> tuple[str, dict[str, bytes]]:
-    """The tiny checkpoint as the hub holds it: (repo, {name: bytes})."""
+    """The tiny checkpoint as the hub holds it, with a model card: (repo, {name: bytes})."""
     cache, rec = tiny_cache
     snapshot = cache.parent / rec["path"]
-    return rec["repo"], {f["name"]: (snapshot / f["name"]).read_bytes() for f in rec["files"]}
+    files = {f["name"]: (snapshot / f["name"]).read_bytes() for f in rec["files"]}
+    return rec["repo"], {**files, "README.md": MODEL_CARD}
 
 
 @pytest.fixture
 def hub(tiny_files):
-    """The fake hub, also holding files the pipeline must not download: a pickle and a README."""
+    """The fake hub, also holding a file the pipeline must not download: a pickle."""
     repo, files = tiny_files
-    server = FakeHub(repo, {**files, "pytorch_model.bin": b"\x80\x04 a pickle", "README.md": b"# tiny\n"})
+    server = FakeHub(repo, {**files, "pytorch_model.bin": b"\x80\x04 a pickle"})
     yield server
     server.close()
 
@@ -117,7 +121,8 @@ def test_pinned_revision_downloads_the_wanted_files(work, hub, tiny_files):
     repo, files = tiny_files
     assert_snapshot(work, run_fetch(work, hub), repo, files)
     asked = {path.rsplit("/", 1)[1] for _, path, _ in hub.resolves("GET")}
-    assert asked == set(wanted(files))  # every wanted file fetched; the pickle and README never asked for
+    assert asked == set(wanted(files))  # every wanted file fetched; the pickle never asked for
+    assert "README.md" in asked  # the model card: the release's card carries its license
 
 
 def test_missing_revision_is_one_line_and_writes_nothing(work, hub, tiny_files):

@@ -222,6 +222,9 @@ def test_make_release_output(pipeline, built):
     assert all(stage["deps"] or stage["outs"] for stage in manifest["stages"].values())
     assert manifest["host"]["weights"] == "include" and (built / reader.HOST_WEIGHTS).is_file()
     assert (built / "host" / "tokenizer.json").is_file() and (built / reader.CARD).is_file()
+    card_text = (built / reader.CARD).read_text()  # the tiny snapshot has no model card of its own: said so
+    assert card_text.startswith(f"---\nbase_model: {manifest['model']['repo']}\n") and "license:" not in card_text
+    assert "carries no model card" in card_text
     tarballs = list((built.parent / "dist").glob("*" + builder.TARBALL_SUFFIX))
     assert [t.name for t in tarballs] == [manifest["name"] + builder.TARBALL_SUFFIX]
     assert snap["revision"][:12] in manifest["name"] and p["form"] in manifest["name"]

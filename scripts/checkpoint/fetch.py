@@ -30,8 +30,10 @@ from scripts.checkpoint.snapshot import check_readable, record, sha256_file, sna
 from scripts.pipeline import atomic
 from scripts.pipeline.errors import ClefError
 
-# The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer.
+# The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer, and the model
+# card (README.md), whose license and base model the release's card carries.
 HUB_PATTERNS = [
+    "README.md",
     "config.json",
     "generation_config.json",
     "*.safetensors",

@@ -6,10 +6,10 @@ or destroyed, a delegate made), absl's and TensorFlow's glog-format INFO and WAR
 notice, op counts), absl's note on its own log, Python warnings raised inside third-party code, and
 litert-torch's conversion progress. `install()` drops exactly those:
 
-- file descriptor 2 (where C++ writes, out of Python's reach) goes through a filter process that drops
-  the lines matching NOISE and passes everything else on at once, progress redraws included. It is a
-  child process, not a thread, so it outlives the stage: lines the runtime writes as the process
-  tears down are filtered too, and nothing else written then is lost;
+- file descriptors 1 and 2 (where C++ writes, out of Python's reach; LiteRT logs on both) each go
+  through a filter process that drops the lines matching NOISE and passes everything else on at once,
+  progress redraws included. It is a child process, not a thread, so it outlives the stage: lines the
+  runtime writes as the process tears down are filtered too, and nothing else written then is lost;
 - a Python warning whose code lies outside this checkout is not shown (one raised in ours is);
 - `mute_converter_progress()` silences litert-torch's console (scripts/litert/export.py calls it).
 
@@ -41,10 +41,11 @@ def debug() -> bool:
 
 
 def install() -> None:
-    """Filter this process's fd 2 and its Python warnings (nothing in debug mode)."""
+    """Filter this process's stdout and stderr and its Python warnings (nothing in debug mode)."""
     if debug():
         return
-    _filter_stderr()
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+        _filter_fd(fd, stream)
     _hide_third_party_warnings()
 
 
@@ -75,8 +76,9 @@ def filtered(data: bytes, pending: bytes) -> tuple[bytes, bytes]:
     return bytes(out), b""
 
 
-def _filter_stderr() -> None:
-    sys.stderr.flush()
+def _filter_fd(fd: int, stream) -> None:
+    """Replace `fd` by a pipe into a child process that writes what `filtered` keeps to the original."""
+    stream.flush()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the filter: reads until every writer (the stage and its children) has exited
@@ -86,12 +88,12 @@ def _filter_stderr() -> None:
         while chunk := os.read(read_end, 1 << 16):
             out, pending = filtered(chunk, pending)
             if out:
-                os.write(2, out)
+                os.write(fd, out)
         if pending and not NOISE.match(pending.lstrip(b"\r")):
-            os.write(2, pending)
+            os.write(fd, pending)
         os._exit(0)
     os.close(read_end)
-    os.dup2(write_end, 2)
+    os.dup2(write_end, fd)
     os.close(write_end)
 
 

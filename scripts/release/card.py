@@ -4,6 +4,10 @@ times), so the card, like every other file the manifest hashes, is the same on a
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from scripts.pipeline.errors import ClefError
+
 
 def gpu_precision_advice(gpus: list[dict]) -> list[str]:
     """How a device team selects each GPU mode through LiteRT's C/C++ API, and what each gave here."""
@@ -94,6 +98,60 @@ WEIGHTS_SAID = {
 }
 
 
+# ---- what the checkpoint's own card states -----------------------------------------------------------
+
+# The keys of the checkpoint's front matter the release's card carries: the terms the weights come under.
+CARRIED = ("license", "license_name", "license_link")
+
+
+def checkpoint_card(snapshot: Path) -> dict:
+    """The front matter of the checkpoint's own model card (the snapshot's README.md, as the hub keeps it);
+    {} when the snapshot has no card or the card none. Front matter that is not YAML is refused, naming
+    the file: a license silently dropped would be worse than a release not built."""
+    import yaml
+
+    path = Path(snapshot) / "README.md"
+    if not path.is_file():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    if not text.startswith("---\n") or "\n---" not in text[3:]:
+        return {}
+    try:
+        meta = yaml.safe_load(text[4 : text.index("\n---", 3)])
+    except yaml.YAMLError as exc:
+        raise ClefError(f"{path}: its front matter is not YAML ({' '.join(str(exc).split())[:160]})") from None
+    return meta if isinstance(meta, dict) else {}
+
+
+def front_matter(repo: str, theirs: dict) -> list[str]:
+    """The card's Hugging Face metadata: the checkpoint as its base model, its license carried over."""
+    import yaml
+
+    meta = {
+        "base_model": repo,
+        **{k: theirs[k] for k in CARRIED if k in theirs},
+        "library_name": "litert",
+        "tags": ["litert", "tflite", "gated-deltanet", "qwen3.5"],
+    }
+    return ["---", *yaml.safe_dump(meta, sort_keys=False).splitlines(), "---", ""]
+
+
+def license_lines(repo: str, theirs: dict) -> list[str]:
+    """What the card says of the terms and the lineage, as the checkpoint's own card states them."""
+    if not theirs:
+        return [
+            f"The snapshot of `{repo}` carries no model card (README.md) with front matter: its license and "
+            "base model are not stated here; the checkpoint's own page states them.",
+            "",
+        ]
+    license = theirs.get("license", "not stated")
+    named = f" ({theirs['license_name']})" if theirs.get("license_name") else ""
+    base = theirs.get("base_model")
+    base = ", ".join(base) if isinstance(base, list) else base
+    lineage = f"; its card names `{base}` as its base model" if base else ""
+    return [f"License: `{license}`{named}, as `{repo}`'s own model card states it{lineage}.", ""]
+
+
 def render(
     name: str,
     rec: dict,
@@ -104,16 +162,20 @@ def render(
     overall: dict,
     signed: dict,
     bundle: dict | None,
+    theirs: dict,
 ) -> str:
+    """The card; `theirs`: the checkpoint's own card's front matter (checkpoint_card)."""
     rows = sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
     pairs = sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: (a["P"], a["S"]))
     out = [
+        *front_matter(rec["repo"], theirs),
         f"# {name}",
         "",
         f"LiteRT graphs of the text stack of `{rec['repo']}` at revision `{rec['revision']}` "
         f"(source: {rec['source']}), GatedDeltaNet kernel form `{form}`. {WEIGHTS_SAID[weights]}; the "
         "embedding lookup, the M-RoPE tables and the lm_head run on the host.",
         "",
+        *license_lines(rec["repo"], theirs),
         "## Files",
         "",
         "| file | what it is | bytes | sha256 (first 16) |",
