@@ -239,6 +239,31 @@ def test_clef_verify_passes_on_the_release(built):
     assert "all checks passed" in proc.stdout and f"[{len(manifest['artifacts'])}/" in proc.stderr  # progress
 
 
+def test_clef_verify_json_reports_each_graphs_figures(built):
+    """`--json`: one JSON document on stdout, every graph's figures beside the release's, the lines on stderr."""
+    proc = clef(built.parent, "verify", str(built), "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    manifest = reader.load_manifest(built)
+    assert doc["passed"] is True and doc["problems"] == [] and doc["name"] == manifest["name"]
+    assert doc["clef"].startswith("clef-litert ") and doc["signature"]["state"] in ("unsigned", "not checked")
+    assert set(doc["graphs"]) == set(manifest["artifacts"])
+    for name, g in doc["graphs"].items():
+        ref = manifest["artifacts"][name]["reference"]
+        assert g["passed"] and g["release_max_rel"] == ref["max_rel"] and g["max_rel"] <= g["threshold"], name
+        assert f"ok   {name}: max rel {g['max_rel']:.2e}" in proc.stderr
+    assert "all checks passed" in doc["summary"]
+
+
+def test_clef_verify_json_keeps_a_nan_figure():
+    from scripts.clef.commands import _finite_json
+
+    assert json.loads(json.dumps(_finite_json({"a": [float("nan"), 1.0], "b": float("inf")}))) == {
+        "a": ["nan", 1.0],
+        "b": "inf",
+    }
+
+
 def test_clef_verify_takes_the_tarball_a_device_team_receives(built, tmp_path):
     """The release's .tar.zst, unpacked beside itself, verified as the directory is, then removed: in a
     device team's venv, with torch, transformers and litert-torch unimportable (the records run as numpy
@@ -369,6 +394,10 @@ def test_clef_verify_runs_the_reference_records(release_copy):
     atomic.write_json(release_copy / reader.MANIFEST, manifest)
     proc = clef(release_copy.parent, "verify", str(release_copy))
     assert proc.returncode == 1 and "FAIL row_L64: max rel" in proc.stdout, proc.stdout
+    proc = clef(release_copy.parent, "verify", str(release_copy), "--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["passed"] is False and doc["graphs"]["row_L64"]["passed"] is False
+    assert any(p.startswith("row_L64: reference record") for p in doc["problems"])
 
 
 def test_clef_audit_names_revision_and_form(pipeline, built):

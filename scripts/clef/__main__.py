@@ -78,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run every signature on LiteRT's GPU accelerator alone, in fp32, fp16 and mixed modes",
     )
+    verify.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON report on stdout (each graph's figures beside the release's, the signature, the "
+        "problems); the lines go to stderr",
+    )
 
     audit = sub.add_parser("audit", help="what produced a .tflite, from its metadata, and whether a manifest agrees")
     audit.add_argument("file", help="a .tflite produced by clef-litert")

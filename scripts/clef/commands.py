@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
@@ -258,7 +260,44 @@ def run(args) -> int:
 # ---- verify ------------------------------------------------------------------------------------
 
 
-def check_signature(root: Path, key: str | None, require: bool) -> list[str] | None:
+@dataclass
+class Report:
+    """What `clef verify` finds: a line per check for people and, with --json, one JSON document on stdout
+    (the lines then go to stderr). `doc` holds the signature's state, each graph's figures beside the
+    release's, and the problems; a figure that is not finite is written as the string "nan" or "inf"."""
+
+    as_json: bool = False
+    doc: dict = field(default_factory=lambda: {"signature": None, "graphs": {}})
+
+    def say(self, line: str) -> None:
+        print(line, file=sys.stderr if self.as_json else sys.stdout, flush=True)
+
+    def graph(self, name: str) -> dict:
+        return self.doc["graphs"].setdefault(name, {})
+
+    def finish(self, problems: list[str], summary: str) -> int:
+        """Print the problems and the summary line (and the JSON document); -> the exit status."""
+        for line in problems:
+            self.say(f"FAIL {line}")
+        self.say(f"verify: {summary}")
+        self.doc.update(passed=not problems, problems=problems, summary=summary)
+        if self.as_json:
+            print(json.dumps(_finite_json(self.doc), indent=1))
+        return 1 if problems else 0
+
+
+def _finite_json(value):
+    """`value` with every non-finite float as a string: JSON has no NaN, and a NaN figure must not vanish."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_json(v) for v in value]
+    return value
+
+
+def check_signature(root: Path, key: str | None, require: bool, report: Report) -> list[str] | None:
     """The release's signature, before anything in it is read: problems (the release fails), [] (it
     verifies with `key`), or None (nothing was checked: no key given, or an unsigned release)."""
     signed = (root / signing.SIGNATURE).is_file()
@@ -266,20 +305,27 @@ def check_signature(root: Path, key: str | None, require: bool) -> list[str] | N
         raise ClefError(f"{root} is not signed (no {signing.SIGNATURE}) and --require-signature was given")
     if key is None:
         claimed = signing.claimed_key(root) if signed else None
-        print(
+        report.doc["signature"] = {"state": "not checked", "names_key": claimed} if signed else {"state": "unsigned"}
+        report.say(
             f"note signature: {signing.SIGNATURE} names key {claimed}; not checked (pass --key PUB.pem)"
             if signed
             else "note unsigned release: the checks below hold the files to its manifest, not to a key"
         )
         return None
     if not signed:
-        print(f"note unsigned release: --key {key} was not used; the checks below hold the files to its manifest only")
+        report.doc["signature"] = {"state": "unsigned"}
+        report.say(
+            f"note unsigned release: --key {key} was not used; the checks below hold the files to its manifest only"
+        )
         return None
     progress(f"verify {root}: signature, hashing every file")
     problems = signing.verify(root, key)
+    fingerprint = signing.fingerprint(signing.load_public_key(key))
+    report.doc["signature"] = {"state": "failed" if problems else "verified", "key": fingerprint}
     if not problems:  # named by the key that verified it (the library ignores the key the bundle names)
-        fingerprint = signing.fingerprint(signing.load_public_key(key))
-        print(f"ok   signature: {signing.SIGNATURE} verifies with key {fingerprint}: every file is what was signed")
+        report.say(
+            f"ok   signature: {signing.SIGNATURE} verifies with key {fingerprint}: every file is what was signed"
+        )
     return problems
 
 
@@ -334,22 +380,25 @@ def verify_directory(root: Path, args) -> int:
         raise ClefError("--require-signature needs --key PUB.pem, the public key to check the signature with")
     if args.key:
         signing.load_public_key(args.key)  # an unusable key is bad input, refused before any work
-    problems = check_signature(root, args.key, args.require_signature)
+    from scripts.clef.__main__ import version
+
+    report = Report(as_json=args.json)
+    report.doc.update(clef=version(), release=str(args.release))
+    problems = check_signature(root, args.key, args.require_signature, report)
     if problems:
-        for line in problems:
-            print(f"FAIL {line}")
-        print(f"verify: the signature failed ({len(problems)} problems); nothing in the release was loaded")
-        return 1
+        return report.finish(
+            problems, f"the signature failed ({len(problems)} problems); nothing in the release was loaded"
+        )
     manifest = reader.load_manifest(root)
+    report.doc.update(name=manifest.get("name"), format=manifest.get("format"), files=len(manifest["files"]))
     problems = reader.check_paths(root, manifest)
     if not problems:
         progress(f"verify {root}: hashing {len(manifest['files'])} files")
         problems = reader.check_files(root, manifest)
     if problems:
-        for line in problems:
-            print(f"FAIL {line}")
-        print(f"verify: {len(problems)} problems; the graphs were not run (a changed file is not safe to load)")
-        return 1
+        return report.finish(
+            problems, f"{len(problems)} problems; the graphs were not run (a changed file is not safe to load)"
+        )
     arts = manifest["artifacts"]
     by_file: dict[str, list[str]] = {}
     for name in sorted(arts):
@@ -377,7 +426,17 @@ def verify_directory(root: Path, args) -> int:
             records[name] = references.load_reference(root, ref["file"], arrays=True)  # no torch needed
             measured = references.run_reference(root / file, art["kind"], records[name], names=art["signature_names"])
             found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
-            print(
+            report.graph(name).update(
+                file=file,
+                max_rel=measured["rel_vs_expected"],
+                max_rel_per_position=measured["rel_per_position_vs_expected"],
+                release_max_rel=ref["max_rel"],
+                release_max_rel_per_position=ref["max_rel_per_position"],
+                threshold=ref["threshold"],
+                threshold_per_position=ref.get("threshold_per_position"),
+                passed=not found,
+            )
+            report.say(
                 f"{'FAIL' if found else 'ok  '} {name}: max rel {measured['rel_vs_expected']:.2e}, per position "
                 f"{measured['rel_per_position_vs_expected']:.2e} vs the release's {ref['max_rel']:.2e}, "
                 f"{ref['max_rel_per_position']:.2e} (thresholds {ref['threshold']:g}, "
@@ -386,17 +445,15 @@ def verify_directory(root: Path, args) -> int:
             )
             problems += [f"{name}: reference record: {line}" for line in found]
         if args.gpu and records:
-            problems += verify_on_gpu(root / file, census, {n: arts[n] for n in records}, records)
-    for line in problems:
-        print(f"FAIL {line}")
-    print(
-        f"verify: {manifest['name']}: {len(manifest['files'])} files, {len(arts)} graphs, "
-        f"{'all checks passed' if not problems else f'{len(problems)} problems'}"
+            problems += verify_on_gpu(root / file, census, {n: arts[n] for n in records}, records, report)
+    return report.finish(
+        problems,
+        f"{manifest['name']}: {len(manifest['files'])} files, {len(arts)} graphs, "
+        f"{'all checks passed' if not problems else f'{len(problems)} problems'}",
     )
-    return 1 if problems else 0
 
 
-def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict) -> list[str]:
+def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict, report: Report) -> list[str]:
     """Each graph's reference record through its signatures on LiteRT's GPU accelerator alone, the file
     compiled once per mode (each mode shown by its effect on the precision probe first): fp32 held to the
     reference thresholds, fp16 and mixed to being finite; each beside what the release's verify_gpu
@@ -412,19 +469,19 @@ def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict) -> list[s
             if "no Vulkan adapter" in str(exc):
                 raise
             problems.append(f"{file.name}: GPU {mode}: {exc}")
-            print(f"FAIL {file.name}: GPU {mode}: {exc}")
+            report.say(f"FAIL {file.name}: GPU {mode}: {exc}")
             continue
         try:
             for name, art in arts.items():
                 signature = references.renamed(compiled.signature, art["signature_names"])
                 figures = references.reference_error(signature, art["kind"], records[name])
-                problems += gpu_figures(name, art, mode, figures, compiled)
+                problems += gpu_figures(name, art, mode, figures, compiled, report)
         finally:
             compiled.close()
     return problems
 
 
-def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled) -> list[str]:
+def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled, report: Report) -> list[str]:
     """One graph's reference record error in one GPU mode, printed beside the release's; -> problems."""
     ref, gpu = art["reference"], art.get("gpu") or {}
     at_release = (gpu.get("modes") or {}).get(mode)
@@ -442,7 +499,14 @@ def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled) -> lis
             else "not measured at release"
         )
         bound = "finite"
-    print(
+    report.graph(name).setdefault("gpu", {})[mode] = {
+        "max_rel": measured,
+        "max_rel_per_position": figures.get("rel_per_position_vs_expected"),
+        "adapter": compiled.adapter,
+        "fully_accelerated": compiled.fully_accelerated,
+        "passed": bool(ok and compiled.fully_accelerated),
+    }
+    report.say(
         f"{'ok  ' if ok else 'FAIL'} {name}: GPU {mode} on {compiled.adapter}: max rel vs expected {measured:.2e} "
         f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})"
     )
