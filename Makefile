@@ -8,7 +8,11 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: lock release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench
 
-env: $(STAMP) vulkan
+env: $(STAMP) vulkan .dvc/plots.html
+
+# The page `dvc plots show` fills (.dvc/config's plots.html_template), with Vega inline: plots render offline.
+.dvc/plots.html: $(STAMP) scripts/pipeline/plots_page.py
+	$(VENV)/bin/python -m scripts.pipeline.plots_page $@
 
 # A Vulkan adapter for LiteRT's GPU accelerator (verify_gpu): Mesa's lavapipe >= 25 where no GPU is
 # present, installed as root on Debian 12/13; checked on every run (fast when it is there).

@@ -11,6 +11,8 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -524,10 +526,21 @@ def test_metrics_and_plots(pipeline, tmp_path):
     assert "max_rel" in table.splitlines()[0] and len(table.splitlines()[0]) < 600, "metrics table is not compact"
 
     out = tmp_path / "plots"
+    page = subprocess.run(  # as `make env` writes it (.dvc/config's plots.html_template; git-ignored)
+        [sys.executable, "-m", "scripts.pipeline.plots_page"], cwd=repo, capture_output=True, text=True
+    )
+    assert page.returncode == 0, page.stderr
     dvc(repo, "plots", "show", "--out", str(out))
     html = (out / "index.html").read_text()
     for title in ("max relative error per row graph", "interpreter time per record", "pair chaining"):
         assert title in html, title
+    assert not re.search(r"<script[^>]*\bsrc\s*=", html) and "window.vegaEmbed" in html, "plots need the network"
+    import vl_convert  # the libraries the page holds, run here: every plot's spec renders offline
+
+    specs = json.loads(dvc(repo, "plots", "show", "--json"))["data"]
+    assert len(specs) == 3
+    for name, items in specs.items():
+        assert all(vl_convert.vegalite_to_svg(it["content"]).startswith("<svg") for it in items), name
     by_length = json.loads((repo / "results/plots/rows.json").read_text())
     assert [r["L"] for r in by_length] == sorted(params["lengths"]) and all(r["litert_ms"] > 0 for r in by_length)
 
