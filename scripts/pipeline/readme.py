@@ -1,7 +1,9 @@
 """The README's figure tables, rendered from the pipeline's own records so they cannot go stale.
 
 Each table sits in the README between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`
-and names the run it came from (the release manifest's commit and whether the inputs were clean).
+and names the run it came from (the release manifest's commit and whether the inputs were clean). A
+block named `picture_NAME` holds an image link to results/figures/NAME.svg, drawn from the same
+records (scripts/pipeline/pictures.py) and written beside the README.
 `make release` rewrites them after `dvc repro`; `make readme` alone rewrites them from the workspace
 as it is.
 
@@ -16,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from scripts.pipeline import atomic, layout
+from scripts.pipeline import atomic, layout, pictures
 from scripts.pipeline.errors import ClefError, run_command
 
 README = Path("README.md")
@@ -610,13 +612,38 @@ TABLES = {
 }
 
 
-def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
-    """README text with every generated block rendered from `root`'s records -> (text, blocks changed)."""
+PICTURES = {  # picture_NAME blocks: NAME -> (the chart, the records it draws)
+    "errors": (pictures.errors, "metrics"),
+    "gpu_modes": (pictures.gpu_modes, "metrics"),
+    "sizes": (pictures.sizes, "weights"),
+}
+PICTURE_TITLES = {
+    "errors": "LiteRT vs torch per graph",
+    "gpu_modes": "GPU half modes over the float16 floor",
+    "sizes": "size per weights precision",
+}
+
+
+def render(text: str, root: Path = Path("."), files: dict | None = None) -> tuple[str, list[str]]:
+    """README text with every generated block rendered from `root`'s records -> (text, blocks changed).
+    `files`, when given, receives {path: SVG text} of each picture the README shows."""
     changed = []
     records: dict = {}  # read when a block needs them: the pipeline's metrics, the benchmark
 
     def fill(m: re.Match) -> str:
         name = m.group("name")
+        if name.startswith("picture_") and name.removeprefix("picture_") in PICTURES:
+            key = name.removeprefix("picture_")
+            chart, source = PICTURES[key]
+            if source == "metrics" and "rows" not in records:
+                records["rows"] = read_metrics(root)
+            path = pictures.FOLDER / f"{key}.svg"
+            drawn = pictures.svg(chart(records["rows"] if source == "metrics" else read_weights(root)))
+            if files is not None:
+                files[path] = drawn
+            if not (root / path).is_file() or (root / path).read_text() != drawn:
+                changed.append(name)
+            return m.group(1) + f"![{PICTURE_TITLES[key]}]({path.as_posix()})\n" + m.group(4)
         if name in BENCH_TABLES:
             if "bench" not in records:
                 records["bench"] = read_bench(root)
@@ -628,10 +655,13 @@ def render(text: str, root: Path = Path(".")) -> tuple[str, list[str]]:
             body = DVC_TABLES[name](root)
         elif name in TABLES:
             if "rows" not in records:
-                records["rows"], records["run"] = read_metrics(root), run_line(root)
+                records["rows"] = read_metrics(root)
+            if "run" not in records:
+                records["run"] = run_line(root)
             body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
-            known = ", ".join([*TABLES, *BENCH_TABLES, *WEIGHTS_TABLES, *DVC_TABLES])
+            kinds = [*TABLES, *BENCH_TABLES, *WEIGHTS_TABLES, *DVC_TABLES, *(f"picture_{k}" for k in PICTURES)]
+            known = ", ".join(kinds)
             raise ClefError(f"README block `{name}` has no table; known: {known}")
         if body != m.group("body"):
             changed.append(name)
@@ -646,11 +676,14 @@ def main() -> None:
     a = ap.parse_args()
     if not README.is_file():
         raise ClefError(f"no {README} here: run it from the repository's top directory (make readme)")
-    text, changed = render(README.read_text())
+    files: dict[Path, str] = {}
+    text, changed = render(README.read_text(), files=files)
     if a.check:
         if changed:
             raise ClefError(f"README tables differ from results/: {', '.join(changed)} (make readme rewrites them)")
         return
+    for path, drawn in files.items():
+        atomic.write_text(path, drawn)
     atomic.write_text(README, text)
     print(f"README.md: {len(changed)} generated tables rewritten" + (f" ({', '.join(changed)})" if changed else ""))
 

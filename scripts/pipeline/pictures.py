@@ -1,0 +1,158 @@
+"""The README's pictures: Vega-Lite charts of the pipeline's records, rendered to SVG offline.
+
+Each picture is a function of records the README's tables read too (scripts/pipeline/readme.py), so a
+picture and its table cannot disagree; vl-convert-python renders it (no browser, no network), the same
+bytes for the same records. The SVGs live in results/figures/, committed with the README that shows
+them, as the tables are.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+FOLDER = Path("results") / "figures"
+WIDTH = 420
+
+
+def svg(spec: dict) -> str:
+    import vl_convert
+
+    return vl_convert.vegalite_to_svg({"$schema": "https://vega.github.io/schema/vega-lite/v5.json", **spec})
+
+
+def _shape(name: str, prefix: str) -> str:
+    return name.removeprefix(prefix).replace("_", " ")
+
+
+def _drawable(data: list[dict], key: str) -> tuple[list[dict], str]:
+    """The points a chart can draw, and a note naming those it cannot: Vega drops a NaN or inf silently,
+    and a figure that is not finite must never vanish from a picture unsaid."""
+    kept = [d for d in data if d[key] is not None and math.isfinite(d[key])]
+    lost = [d for d in data if d not in kept]
+    note = f" ({len(lost)} not finite, not drawn: {', '.join(sorted({d['graph'] for d in lost}))})" if lost else ""
+    return kept, note
+
+
+def _order(names) -> list[str]:
+    """Graph labels rows first, then pairs, each by its lengths (L64 before L128)."""
+    return sorted(names, key=lambda n: (n.startswith("pair"), [int(d) for d in re.findall(r"\d+", n)]))
+
+
+def _graph_axis(data: list[dict]) -> dict:
+    order = _order({d["graph"] for d in data})
+    return {"field": "graph", "type": "nominal", "title": None, "sort": order, "axis": {"labelAngle": -30}}
+
+
+def errors(rows: dict) -> dict:
+    """LiteRT against torch for each graph (CPU, fp32): the global figure and the worst position's, on a
+    log scale under the bound they are held to."""
+    data, bound = [], None
+    for name, r in sorted(rows.items()):
+        if not (name.startswith("tflite_") or name.startswith("pair_")) or r.get("max_rel") is None:
+            continue
+        graph = _shape(name, "tflite_")
+        data += [
+            {"graph": graph, "figure": "global", "error": r["max_rel"]},
+            {"graph": graph, "figure": "worst position", "error": r.get("max_rel_per_position")},
+        ]
+        bound = r.get("threshold", bound)
+    data, note = _drawable(data, "error")
+    bars = {  # points, not bars: a bar has no base on a log scale
+        "mark": {"type": "point", "filled": True, "size": 90},
+        "encoding": {
+            "x": _graph_axis(data),
+            "xOffset": {"field": "figure"},
+            "y": {
+                "field": "error",
+                "type": "quantitative",
+                "scale": {"type": "log"},
+                "axis": {"format": ".0e"},
+                "title": "max relative error",
+            },
+            "color": {"field": "figure", "type": "nominal", "title": None},
+            "shape": {"field": "figure", "type": "nominal", "title": None},
+        },
+    }
+    layers = [bars]
+    if bound is not None:
+        layers.append(
+            {
+                "data": {"values": [{"bound": bound}]},
+                "mark": {"type": "rule", "strokeDash": [4, 3]},
+                "encoding": {"y": {"field": "bound", "type": "quantitative"}},
+            }
+        )
+    return {
+        "title": "LiteRT vs torch per graph, fp32 on the CPU"
+        + (f" (dashed: the bound {bound:g})" if bound is not None else "")
+        + note,
+        "width": WIDTH,
+        "data": {"values": data},
+        "layer": layers,
+    }
+
+
+def gpu_modes(rows: dict) -> dict:
+    """Each GPU half mode's error over the torch-float16 floor per graph, global and worst position (1 is
+    the floor itself)."""
+    data = []
+    for name, r in sorted(rows.items()):
+        if not name.startswith("gpu_"):
+            continue
+        graph = _shape(_shape(name, "gpu_"), "row ")
+        for mode, m in sorted((r.get("modes") or {}).items()):
+            if m.get("over_floor") is None:
+                continue
+            data.append({"graph": graph, "series": mode, "ratio": m["over_floor"]})
+            worst = m.get("over_floor_per_position")
+            if worst is not None:
+                data.append({"graph": graph, "series": f"{mode}, worst position", "ratio": worst})
+    data, note = _drawable(data, "ratio")
+    return {
+        "title": f"GPU accelerator half modes over the torch float16 floor (rule: the floor){note}",
+        "width": WIDTH,
+        "data": {"values": data},
+        "layer": [
+            {
+                "mark": "bar",
+                "encoding": {
+                    "x": _graph_axis(data),
+                    "xOffset": {"field": "series"},
+                    "y": {"field": "ratio", "type": "quantitative", "title": "error / floor"},
+                    "color": {"field": "series", "type": "nominal", "title": None},
+                },
+            },
+            {
+                "data": {"values": [{"floor": 1}]},
+                "mark": "rule",
+                "encoding": {"y": {"field": "floor", "type": "quantitative"}},
+            },
+        ],
+    }
+
+
+def sizes(weights: dict) -> dict:
+    """Bytes at each weights precision: the L=64 row graph and the bundle (results/weights.json)."""
+    data = [
+        {"precision": name, "what": f"row graph L={weights['L']}", "MB": v["bytes"] / 1e6}
+        for name, v in weights["variants"].items()
+    ]
+    data += [
+        {"precision": name, "what": "bundle (every graph; derived)", "MB": n / 1e6}
+        for name, n in (weights.get("bundle") or {}).get("bytes", {}).items()
+    ]
+    order = sorted({d["precision"] for d in data}, key=lambda p: -max(d["MB"] for d in data if d["precision"] == p))
+    return {
+        "title": f"Size per weights precision ({weights['source']}, make weights-bench)",
+        "width": WIDTH,
+        "data": {"values": data},
+        "mark": "bar",
+        "encoding": {
+            "x": {"field": "precision", "type": "nominal", "sort": order, "title": None, "axis": {"labelAngle": 0}},
+            "xOffset": {"field": "what"},
+            "y": {"field": "MB", "type": "quantitative", "title": "MB"},
+            "color": {"field": "what", "type": "nominal", "title": None},
+        },
+    }

@@ -1,0 +1,77 @@
+"""scripts/pipeline/pictures.py and the README's picture blocks: charts drawn from the records the tables
+read, every figure drawn or named, graphs in their order, and a stale picture caught by `readme --check`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from scripts.pipeline import atomic, layout, pictures, readme
+
+ROWS = {
+    "tflite_L128": {"max_rel": 3e-6, "max_rel_per_position": 7e-6, "threshold": 1e-4},
+    "tflite_L64": {"max_rel": 2e-6, "max_rel_per_position": 5e-6, "threshold": 1e-4},
+    "pair_P64_S64": {"max_rel": 4e-6, "max_rel_per_position": 9e-6, "threshold": 1e-4},
+    "gpu_row_L64": {
+        "modes": {"fp16": {"over_floor": 4.2, "over_floor_per_position": 3.6}, "mixed": {"over_floor": 2.1}}
+    },
+    "kernel": {"max_rel": 1e-6},  # not a graph: not drawn
+}
+
+
+def values(spec: dict) -> list[dict]:
+    return spec["data"]["values"]
+
+
+def test_errors_draws_every_graphs_two_figures_in_length_order():
+    spec = pictures.errors(ROWS)
+    assert len(values(spec)) == 6 and {d["graph"] for d in values(spec)} == {"L64", "L128", "pair P64 S64"}
+    assert spec["layer"][0]["encoding"]["x"]["sort"] == ["L64", "L128", "pair P64 S64"]
+    assert "0.0001" in spec["title"] and pictures.svg(spec).startswith("<svg")
+
+
+def test_gpu_modes_draws_each_mode_and_its_worst_position():
+    data = values(pictures.gpu_modes(ROWS))
+    assert sorted((d["series"], d["ratio"]) for d in data) == [
+        ("fp16", 4.2),
+        ("fp16, worst position", 3.6),
+        ("mixed", 2.1),
+    ]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_figure_that_is_not_finite_is_named_not_dropped_unsaid(bad):
+    rows = {**ROWS, "tflite_L64": {**ROWS["tflite_L64"], "max_rel": bad}}
+    spec = pictures.errors(rows)
+    assert all(math.isfinite(d["error"]) for d in values(spec)) and len(values(spec)) == 5
+    assert "1 not finite, not drawn: L64" in spec["title"]
+
+
+def test_sizes_per_precision():
+    weights = {
+        "L": 64,
+        "source": "tiny",
+        "variants": {"fp32": {"bytes": 7_500_000}, "fp16": {"bytes": 4_200_000}},
+        "bundle": {"bytes": {"fp32": 9_900_000, "fp16": 6_600_000}},
+    }
+    spec = pictures.sizes(weights)
+    assert len(values(spec)) == 4 and spec["encoding"]["x"]["sort"] == ["fp32", "fp16"]
+
+
+def test_readme_check_catches_a_stale_picture(tmp_path):
+    """A picture block renders its link and its SVG from the records; an SVG that differs is reported."""
+    for name, row in ROWS.items():
+        atomic.write_json(tmp_path / layout.METRICS / f"{name}.json", row)
+    text = "<!-- generated: picture_errors -->\n<!-- end generated: picture_errors -->\n"
+    files: dict = {}
+    rendered, changed = readme.render(text, tmp_path, files=files)
+    assert changed == ["picture_errors"] and "![" in rendered and "results/figures/errors.svg" in rendered
+    ((path, drawn),) = files.items()
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(drawn)
+    assert readme.render(rendered, tmp_path)[1] == []  # up to date
+    (tmp_path / path).write_text(drawn.replace("L64", "L65"))
+    assert readme.render(rendered, tmp_path)[1] == ["picture_errors"]
+    assert json.loads((tmp_path / layout.METRICS / "tflite_L64.json").read_text())["max_rel"] == 2e-6
