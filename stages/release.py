@@ -26,7 +26,7 @@ from scripts.checkpoint import snapshot
 from scripts.checks import bundle_check
 from scripts.layers import kernel_form
 from scripts.litert import bundle, tflite_file
-from scripts.pipeline import atomic, layout, params, provenance
+from scripts.pipeline import atomic, layout, params, pictures, provenance
 from scripts.pipeline.errors import ClefError, run_stage
 from scripts.qwen35.host import Host
 from scripts.release import builder, card, reader, signing
@@ -83,6 +83,9 @@ GPU_FIGURES = (
     "modes",
     "device",
 )
+
+
+PICTURES = "pictures"  # the card's charts, in the release (scripts/pipeline/pictures.py)
 
 
 def gpu_section(name: str) -> dict:
@@ -349,11 +352,14 @@ def build(
     name = layout.release_name(rec, form, p["weights"])
     signed = signing.section(key)
     bundled = bundle_section(next(iter(holders.values()))) if merged is not None else None
+    shown = {}
+    for file, (title, drawn) in pictures.release_pictures(artifacts).items():
+        atomic.write_text(build_dir / PICTURES / file, drawn)
+        shown[f"{PICTURES}/{file}"] = title
+    theirs = card.checkpoint_card(snap)
     atomic.write_text(
         build_dir / reader.CARD,
-        card.render(
-            name, rec, form, p["weights"], host_section, artifacts, overall, signed, bundled, card.checkpoint_card(snap)
-        ),
+        card.render(name, rec, form, p["weights"], host_section, artifacts, overall, signed, bundled, theirs, shown),
     )
     files = builder.file_table(build_dir, hashed)
     manifest = manifest_of(name, rec, form, p, host_section, artifacts, overall, lock, files, signed, bundled)

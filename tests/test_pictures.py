@@ -75,3 +75,14 @@ def test_readme_check_catches_a_stale_picture(tmp_path):
     (tmp_path / path).write_text(drawn.replace("L64", "L65"))
     assert readme.render(rendered, tmp_path)[1] == ["picture_errors"]
     assert json.loads((tmp_path / layout.METRICS / "tflite_L64.json").read_text())["max_rel"] == 2e-6
+
+
+def test_the_release_draws_its_own_figures():
+    """The card's pictures come from the manifest's figures: each graph's reference record, and the GPU
+    modes verify_gpu recorded (none drawn for a release without them)."""
+    ref = {"max_rel": 2e-6, "max_rel_per_position": 5e-6, "threshold": 1e-4}
+    gpu = {"modes": {"fp16": {"over_floor": 4.2}}}
+    drawn = pictures.release_pictures({"row_L64": {"reference": ref, "gpu": gpu}, "pair_P64_S64": {"reference": ref}})
+    assert sorted(drawn) == ["errors.svg", "gpu_modes.svg"] and all(svg.startswith("<svg") for _, svg in drawn.values())
+    assert "L64" in drawn["errors.svg"][1] and "pair P64 S64" in drawn["errors.svg"][1]
+    assert sorted(pictures.release_pictures({"row_L64": {"reference": ref}})) == ["errors.svg"]

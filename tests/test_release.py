@@ -225,6 +225,8 @@ def test_make_release_output(pipeline, built):
     card_text = (built / reader.CARD).read_text()  # the tiny snapshot has no model card of its own: said so
     assert card_text.startswith(f"---\nbase_model: {manifest['model']['repo']}\n") and "license:" not in card_text
     assert "carries no model card" in card_text
+    for picture in ("pictures/errors.svg", "pictures/gpu_modes.svg"):  # the card's charts, hashed like every file
+        assert f"]({picture})" in card_text and picture in manifest["files"], picture
     tarballs = list((built.parent / "dist").glob("*" + builder.TARBALL_SUFFIX))
     assert [t.name for t in tarballs] == [manifest["name"] + builder.TARBALL_SUFFIX]
     assert snap["revision"][:12] in manifest["name"] and p["form"] in manifest["name"]

@@ -50,9 +50,9 @@ def errors(rows: dict) -> dict:
     log scale under the bound they are held to."""
     data, bound = [], None
     for name, r in sorted(rows.items()):
-        if not (name.startswith("tflite_") or name.startswith("pair_")) or r.get("max_rel") is None:
+        if not name.startswith(("tflite_", "row_", "pair_")) or r.get("max_rel") is None:
             continue
-        graph = _shape(name, "tflite_")
+        graph = _shape(_shape(name, "tflite_"), "row_")
         data += [
             {"graph": graph, "figure": "global", "error": r["max_rel"]},
             {"graph": graph, "figure": "worst position", "error": r.get("max_rel_per_position")},
@@ -156,3 +156,18 @@ def sizes(weights: dict) -> dict:
             "color": {"field": "what", "type": "nominal", "title": None},
         },
     }
+
+
+def release_pictures(artifacts: dict) -> dict[str, tuple[str, str]]:
+    """The release's pictures from its manifest's figures: {file name: (title, SVG)}: each graph's reference
+    record error as measured at release time, and the GPU half modes verify_gpu recorded for it."""
+    rows = {}
+    for name, a in artifacts.items():
+        ref = a["reference"]
+        rows[name] = {k: ref.get(k) for k in ("max_rel", "max_rel_per_position", "threshold")}
+        if (a.get("gpu") or {}).get("modes"):
+            rows[f"gpu_{name}"] = {"modes": a["gpu"]["modes"]}
+    out = {"errors.svg": ("each graph's reference record, LiteRT vs torch", svg(errors(rows)))}
+    if any(n.startswith("gpu_") for n in rows):
+        out["gpu_modes.svg"] = ("GPU half modes over the float16 floor", svg(gpu_modes(rows)))
+    return out

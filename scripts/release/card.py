@@ -163,8 +163,10 @@ def render(
     signed: dict,
     bundle: dict | None,
     theirs: dict,
+    pictures: dict[str, str],
 ) -> str:
-    """The card; `theirs`: the checkpoint's own card's front matter (checkpoint_card)."""
+    """The card; `theirs`: the checkpoint's own card's front matter (checkpoint_card); `pictures`:
+    {path in the release: title} of the SVGs it shows."""
     rows = sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
     pairs = sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: (a["P"], a["S"]))
     out = [
@@ -346,4 +348,6 @@ def render(
         + f"; max tensor rank {max((a['census']['max_rank'] for a in artifacts.values()), default=0)}.",
         "",
     ]
+    for path, title in pictures.items():
+        out += [f"![{title}]({path})", ""]
     return "\n".join(out)
