@@ -81,6 +81,7 @@ GPU_FIGURES = (
     "fp16_within_target",
     "all_finite",
     "modes",
+    "positions",
     "device",
 )
 
@@ -196,6 +197,7 @@ def artifact_entry(it: dict, held: dict, build: Path, form: str, max_over_record
         "max_rel_per_position": measured["rel_per_position_vs_expected"],
         "threshold_per_position": bounds["per_position"],
         "max_over_recorded": max_over_recorded,
+        "positions": measured["per_position_vs_expected"],  # the figure at each position (the pictures)
     }
     found = reader.reference_problems(measured, reference)
     if found:

@@ -15,6 +15,7 @@ from scripts.layers import kernel_form
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.progress import Phases
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner, litert_signature
 from scripts.release import references
@@ -48,57 +49,64 @@ def main() -> None:
     layout.require(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    model, _, _ = patch.load(snap, form, weights=p["weights"])
-    host = Host(snap)
-    census = tflite_file.census(path)
-    meta = tflite_file.read_metadata(path)
-    problems = [f"census: {v}" for v in tflite_file.violations(census)]
-    if set(census["signatures"]) != {"prefix", "suffix"}:
-        problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
-    expected = {
-        "revision": rec["revision"],
-        "form": form,
-        "weights": p["weights"],
-        "kind": "pair",
-        "P": a.prefix,
-        "S": a.suffix,
-    }
-    problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
+    phases = ("load the stack", "torch checks", "interpreter", "LiteRT checks", "reference record")
+    with Phases(f"verify_pair P={a.prefix} S={a.suffix}", phases) as phase:
+        phase("load the stack")
+        model, _, _ = patch.load(snap, form, weights=p["weights"])
+        host = Host(snap)
+        census = tflite_file.census(path)
+        meta = tflite_file.read_metadata(path)
+        problems = [f"census: {v}" for v in tflite_file.violations(census)]
+        if set(census["signatures"]) != {"prefix", "suffix"}:
+            problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
+        expected = {
+            "revision": rec["revision"],
+            "form": form,
+            "weights": p["weights"],
+            "kind": "pair",
+            "P": a.prefix,
+            "S": a.suffix,
+        }
+        problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
-    # torch first: its checks fill `refs` (the row graph's and transformers' results, kept); then the
-    # stack is freed and the interpreter's checks read them, so the weights are never in memory twice
-    shapes = pair_graph.state_shapes(model, a.prefix)
-    vocab = model.config.vocab_size
-    refs = pair_check.References(model, host, a.prefix, a.suffix)
-    runner = PairRunner(
-        host,
-        torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),
-        torch_fn(pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()),
-        a.prefix,
-        a.suffix,
-        form,
-        shapes,
-    )
-    rows = [{"backend": "torch", **r} for r in pair_check.check(runner, refs, vocab, pad_guard_control=True)]
-    # the release packages it; `clef verify` reruns it wherever it lands
-    references.save(pair_check.reference_record(refs, host, vocab), layout.reference_path(path))
-    del runner, model
-    refs.free()
-    gc.collect()
+        # torch first: its checks fill `refs` (the row graph's and transformers' results, kept); then the
+        # stack is freed and the interpreter's checks read them, so the weights are never in memory twice
+        phase("torch checks")
+        shapes = pair_graph.state_shapes(model, a.prefix)
+        vocab = model.config.vocab_size
+        refs = pair_check.References(model, host, a.prefix, a.suffix)
+        runner = PairRunner(
+            host,
+            torch_fn(pair_graph.PairPrefix(model, a.prefix).eval()),
+            torch_fn(pair_graph.PairSuffix(model, a.prefix, a.suffix).eval()),
+            a.prefix,
+            a.suffix,
+            form,
+            shapes,
+        )
+        rows = [{"backend": "torch", **r} for r in pair_check.check(runner, refs, vocab, pad_guard_control=True)]
+        # the release packages it; `clef verify` reruns it wherever it lands
+        references.save(pair_check.reference_record(refs, host, vocab), layout.reference_path(path))
+        del runner, model
+        refs.free()
+        gc.collect()
 
-    interp = tflite_check.interpreter(path)
-    runner = PairRunner(
-        host,
-        litert_signature(interp.get_signature_runner("prefix")),
-        litert_signature(interp.get_signature_runner("suffix")),
-        a.prefix,
-        a.suffix,
-        form,
-        shapes,
-    )
-    rows += [{"backend": "litert", **r} for r in pair_check.check(runner, refs, vocab)]
-    # the saved record read back through this graph: the figures the release states for it
-    reference = references.measure(path, "pair", interp)
+        phase("interpreter")
+        interp = tflite_check.interpreter(path)
+        runner = PairRunner(
+            host,
+            litert_signature(interp.get_signature_runner("prefix")),
+            litert_signature(interp.get_signature_runner("suffix")),
+            a.prefix,
+            a.suffix,
+            form,
+            shapes,
+        )
+        phase("LiteRT checks")
+        rows += [{"backend": "litert", **r} for r in pair_check.check(runner, refs, vocab)]
+        # the saved record read back through this graph: the figures the release states for it
+        phase("reference record")
+        reference = references.measure(path, "pair", interp)
     backends = ("torch", "litert")
     problems += compare.judge(rows, limits)
     found = {}

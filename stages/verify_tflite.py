@@ -14,6 +14,7 @@ from scripts.layers import kernel_form, weight_precision
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, metrics, params
 from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.progress import Phases
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
@@ -49,40 +50,59 @@ def main() -> None:
     # torch first: the unquantized truth, then (the weights stored at `weights`) the references, the
     # controls' outputs and torch's latency; then the stack is freed and the interpreter loads, so the
     # weights are never in memory twice (params.yaml `memory`)
-    model, _, _ = patch.load(snap, form)
-    host = Host(snap)
-    vocab = model.config.vocab_size
-    records = tflite_check.row_records(host, length, vocab)
-    truths = quantization_effect.truths(model, records)
-    applied = weight_precision.apply(model, p["weights"])
-    graph = row_graph.ClefRowPrefill(model, length).eval()
-    expected = {kind: tflite_check.torch_reference(graph, inputs, n, form) for kind, (n, inputs) in records.items()}
-    # the release packages the padded record (two thirds of L real); `clef verify` reruns it wherever it lands
-    padded = records[tflite_check.REFERENCE_KIND][1]
-    references.save(
-        references.row_reference(padded, expected[tflite_check.REFERENCE_KIND]["hidden"]), layout.reference_path(path)
+    phases = (
+        "load the stack",
+        "torch references",
+        "torch timing",
+        "interpreter",
+        "LiteRT records",
+        "reference record",
+        "LiteRT timing",
     )
-    timed = host.record(model_check.random_ids(length, vocab, length), length)
-    repeats, budget = int(p["verify_tflite"]["latency_repeats"]), float(p["verify_tflite"]["latency_seconds"])
-    torch_runs = tflite_check.torch_times(graph, timed, repeats, budget)
-    del graph, model
-    gc.collect()
+    with Phases(f"verify_tflite L={length}", phases) as phase:
+        phase("load the stack")
+        model, _, _ = patch.load(snap, form)
+        host = Host(snap)
+        vocab = model.config.vocab_size
+        records = tflite_check.row_records(host, length, vocab)
+        phase("torch references")
+        truths = quantization_effect.truths(model, records)
+        applied = weight_precision.apply(model, p["weights"])
+        graph = row_graph.ClefRowPrefill(model, length).eval()
+        expected = {kind: tflite_check.torch_reference(graph, inputs, n, form) for kind, (n, inputs) in records.items()}
+        # the release packages the padded record (two thirds of L real); `clef verify` reruns it wherever it lands
+        padded = records[tflite_check.REFERENCE_KIND][1]
+        references.save(
+            references.row_reference(padded, expected[tflite_check.REFERENCE_KIND]["hidden"]),
+            layout.reference_path(path),
+        )
+        phase("torch timing")
+        timed = host.record(model_check.random_ids(length, vocab, length), length)
+        repeats, budget = int(p["verify_tflite"]["latency_repeats"]), float(p["verify_tflite"]["latency_seconds"])
+        torch_runs = tflite_check.torch_times(graph, timed, repeats, budget)
+        del graph, model
+        gc.collect()
 
-    interp = tflite_check.interpreter(path)
-    runner = interp.get_signature_runner()
-    outputs = {kind: tflite_check.run(runner, inputs) for kind, (_, inputs) in records.items()}
-    rows = [tflite_check.record_row(kind, n, outputs[kind], expected[kind]) for kind, (n, _) in records.items()]
-    effect = [
-        quantization_effect.row(kind, n, outputs[kind][0, :n], truths[kind], host) for kind, (n, _) in records.items()
-    ]
-    problems += [f"accuracy: {line}" for line in compare.judge(rows, limits)]
-    control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
-    problems += compare.control_problems("memory_cut", control, limit, min_over)
-    # the saved record read back through this graph: the figures the release states for it
-    reference = references.measure(path, "row", interp)
-    timing = tflite_check.latency(
-        tflite_check.litert_times(runner, timed, repeats, budget), torch_runs, repeats, budget
-    )
+        phase("interpreter")
+        interp = tflite_check.interpreter(path)
+        runner = interp.get_signature_runner()
+        phase("LiteRT records")
+        outputs = {kind: tflite_check.run(runner, inputs) for kind, (_, inputs) in records.items()}
+        rows = [tflite_check.record_row(kind, n, outputs[kind], expected[kind]) for kind, (n, _) in records.items()]
+        effect = [
+            quantization_effect.row(kind, n, outputs[kind][0, :n], truths[kind], host)
+            for kind, (n, _) in records.items()
+        ]
+        problems += [f"accuracy: {line}" for line in compare.judge(rows, limits)]
+        control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
+        problems += compare.control_problems("memory_cut", control, limit, min_over)
+        # the saved record read back through this graph: the figures the release states for it
+        phase("reference record")
+        reference = references.measure(path, "row", interp)
+        phase("LiteRT timing")
+        timing = tflite_check.latency(
+            tflite_check.litert_times(runner, timed, repeats, budget), torch_runs, repeats, budget
+        )
     doc = {
         "L": length,
         "form": form,

@@ -71,15 +71,18 @@ def rel_per_position(x, ref, position_dim: int = -2) -> list[float]:
     return [float(e) for e in err]
 
 
-def figures(what: str, x, ref, position_dim: int | None = -2) -> dict:
+def figures(what: str, x, ref, position_dim: int | None = -2, curve: bool = False) -> dict:
     """{"rel_<what>": global, "rel_per_position_<what>": worst position} for x against ref
-    (position_dim None: a tensor without positions, such as a recurrent state: the global figure only)."""
+    (position_dim None: a tensor without positions, such as a recurrent state: the global figure only);
+    curve: also "per_position_<what>", the figure at every position, which the pictures draw."""
     if tuple(x.shape) != tuple(ref.shape):
         raise ClefError(f"compare {what}: shapes {list(x.shape)} and {list(ref.shape)} differ")
     out = {f"rel_{what}": rel(x, ref)}
     if position_dim is not None:
         per = rel_per_position(x, ref, position_dim)
         out[f"rel_per_position_{what}"] = largest(per)
+        if curve:
+            out[f"per_position_{what}"] = per
     return out
 
 

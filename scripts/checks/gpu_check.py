@@ -96,9 +96,13 @@ class StockReferences:
 
 
 def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict:
-    """A half mode's hidden states and the floor, both against float64, global and per position, and
-    their ratios: over_floor (global) and over_floor_per_position (the worst positions' figures)."""
-    figs = {**compare.figures("vs_f64", out, exact), **compare.figures("floor_vs_f64", half, exact)}
+    """A half mode's hidden states and the floor, both against float64, global and per position (the worst
+    and each position's), and their ratios: over_floor (global) and over_floor_per_position (the worst
+    positions' figures)."""
+    figs = {
+        **compare.figures("vs_f64", out, exact, curve=True),
+        **compare.figures("floor_vs_f64", half, exact, curve=True),
+    }
     figs["over_floor"] = ratio(figs["rel_vs_f64"], figs["rel_floor_vs_f64"])
     figs["over_floor_per_position"] = ratio(figs["rel_per_position_vs_f64"], figs["rel_per_position_floor_vs_f64"])
     return figs
@@ -212,7 +216,7 @@ def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
                 "record": kind,
                 "n_real": n,
                 "finite": finite(outs),
-                **compare.figures("vs_torch", out, ref["torch"]),
+                **compare.figures("vs_torch", out, ref["torch"], curve=True),
             }
             if mode in HALF_MODES:
                 row.update(half_figures(out, ref["exact"], ref["half"]))
@@ -313,7 +317,7 @@ def pair_rows(
                 "prefix_padded": p < P,
                 "finite": bool(torch.isfinite(out).all() and torch.isfinite(prefix_hidden).all())
                 and finite(state.tensors),
-                **compare.figures("vs_torch", out, ref["torch"]),
+                **compare.figures("vs_torch", out, ref["torch"], curve=True),
             }
             if mode in HALF_MODES:
                 r.update(half_figures(out, ref["exact"], ref["half"]))
@@ -366,6 +370,29 @@ def mode_figures(rows: list[dict], mode: str, over_floor: float, held: list[str]
     return figs
 
 
+def position_curves(rows: list[dict]) -> dict | None:
+    """Each mode's error at every position of one record, for the pictures (scripts/pipeline/pictures.py):
+    the shape of the graph's reference record (a row's right-padded record; a pair's chaining of the
+    longest suffix after the shared prefix). -> {"record": its name, "<mode>_vs_torch": fp32's figures,
+    "<mode>_vs_f64": a half mode's, "floor_vs_f64": torch float16's}; None without such a row."""
+    drawn = [r for r in rows if "per_position_vs_torch" in r and r.get("check", "chaining") == "chaining"]
+    if not drawn:
+        return None
+    longest = max((r.get("s", 0), r.get("p", 0)) for r in drawn)
+    drawn = [r for r in drawn if (r.get("s", 0), r.get("p", 0)) == longest]
+    first = drawn[0]
+    curves = {
+        "record": f"p={first['p']}, s={first['s']}" if "s" in first else f"{first['record']} ({first['n_real']} real)"
+    }
+    for r in drawn:
+        if r["mode"] in HALF_MODES:
+            curves[f"{r['mode']}_vs_f64"] = r["per_position_vs_f64"]
+            curves["floor_vs_f64"] = r["per_position_floor_vs_f64"]
+        else:
+            curves[f"{r['mode']}_vs_torch"] = r["per_position_vs_torch"]
+    return curves
+
+
 def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
     """Headline figures and the problems, one line each: not finite, fp32 over a bound (global or per
     position), a half mode of bounds["held_to_floor"] over fp16_max_over_floor x the floor (global or
@@ -396,6 +423,7 @@ def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
         "fp16_within_target": bool(fp16 and fp16.within_target),
         "all_finite": all(r["finite"] for r in rows),
         "modes": {m: asdict(f) for m, f in modes.items()},
+        "positions": position_curves(rows),
     }
     return doc, problems
 

@@ -251,6 +251,7 @@ SCHEMA = {
             "max_rel_causality": THRESHOLD,
         }
     ),
+    "latency": mapping({"runs": count, "warmup_runs": count, "threads": count}),
     "verify_tflite": mapping(
         {
             "max_rel_vs_torch": THRESHOLD,

@@ -158,6 +158,64 @@ def sizes(weights: dict) -> dict:
     }
 
 
+CPU_SERIES = "LiteRT CPU fp32 vs torch"
+FLOOR_SERIES = "torch float16 vs float64 (the floor)"
+
+
+def position_series(artifact: dict) -> dict[str, list]:
+    """A release manifest's graph entry -> {series: its figure at each position of the reference record}:
+    the release's own run on the CPU, and each GPU accelerator mode verify_gpu ran on a record of that
+    shape (fp32 against torch, the half modes and the floor against float64)."""
+    out = {}
+    if artifact["reference"].get("positions") is not None:
+        out[CPU_SERIES] = artifact["reference"]["positions"]
+    gpu = (artifact.get("gpu") or {}).get("positions") or {}
+    for key, values in gpu.items():
+        if key == "record":
+            continue
+        if key == "floor_vs_f64":
+            out[FLOOR_SERIES] = values
+        else:
+            mode, _, against = key.partition("_vs_")
+            out[f"GPU {mode} vs {'float64' if against == 'f64' else against}"] = values
+    return out
+
+
+def positions(artifacts: dict) -> dict:
+    """Error at each position of each graph's reference record, one panel per graph, log scale: where in
+    a record LiteRT departs from torch, and where the GPU's half modes depart from float64 beside the
+    floor torch float16 itself reaches."""
+    data = []
+    for name, a in artifacts.items():
+        graph = _shape(name, "row_")
+        for series, values in position_series(a).items():
+            data += [{"graph": graph, "series": series, "position": t, "error": e} for t, e in enumerate(values)]
+    data, note = _drawable(data, "error")
+    return {
+        "title": f"Error at each position of each graph's reference record{note}",
+        "data": {"values": data},
+        "facet": {"field": "graph", "type": "nominal", "title": None, "sort": _order({d["graph"] for d in data})},
+        "columns": 3,
+        "spec": {
+            "width": WIDTH // 3,
+            "height": WIDTH // 4,
+            "mark": {"type": "line", "strokeWidth": 1},
+            "encoding": {
+                "x": {"field": "position", "type": "quantitative", "title": "position"},
+                "y": {
+                    "field": "error",
+                    "type": "quantitative",
+                    "scale": {"type": "log"},
+                    "axis": {"format": ".0e"},
+                    "title": "relative error",
+                },
+                "color": {"field": "series", "type": "nominal", "title": None, "legend": {"orient": "bottom"}},
+            },
+        },
+        "resolve": {"scale": {"x": "independent"}},
+    }
+
+
 def release_pictures(artifacts: dict) -> dict[str, tuple[str, str]]:
     """The release's pictures from its manifest's figures: {file name: (title, SVG)}: each graph's reference
     record error as measured at release time, and the GPU half modes verify_gpu recorded for it."""
@@ -170,4 +228,6 @@ def release_pictures(artifacts: dict) -> dict[str, tuple[str, str]]:
     out = {"errors.svg": ("each graph's reference record, LiteRT vs torch", svg(errors(rows)))}
     if any(n.startswith("gpu_") for n in rows):
         out["gpu_modes.svg"] = ("GPU half modes over the float16 floor", svg(gpu_modes(rows)))
+    if any(position_series(a) for a in artifacts.values()):
+        out["positions.svg"] = ("error at each position of each graph's reference record", svg(positions(artifacts)))
     return out

@@ -494,6 +494,16 @@ def bundle_table(rows: dict) -> str:
     return table(["bundle stage", "figure"], body)
 
 
+def read_release(root: Path) -> dict:
+    """The release manifest's graph entries (artifacts/release/manifest.json)."""
+    from scripts.release.reader import MANIFEST
+
+    path = root / layout.RELEASE / MANIFEST
+    if not path.is_file():
+        raise ClefError(f"no {path}: run `make release` first")
+    return json.loads(path.read_text())["artifacts"]
+
+
 def read_weights(root: Path) -> dict:
     path = root / layout.result_path("weights")
     if not path.is_file():
@@ -613,14 +623,17 @@ TABLES = {
 
 
 PICTURES = {  # picture_NAME blocks: NAME -> (the chart, the records it draws)
-    "errors": (pictures.errors, "metrics"),
-    "gpu_modes": (pictures.gpu_modes, "metrics"),
+    "errors": (pictures.errors, "rows"),
+    "gpu_modes": (pictures.gpu_modes, "rows"),
     "sizes": (pictures.sizes, "weights"),
+    "positions": (pictures.positions, "release"),
 }
+PICTURE_SOURCES = {"rows": read_metrics, "weights": read_weights, "release": read_release}  # the readers
 PICTURE_TITLES = {
     "errors": "LiteRT vs torch per graph",
     "gpu_modes": "GPU half modes over the float16 floor",
     "sizes": "size per weights precision",
+    "positions": "error at each position of each graph's reference record",
 }
 
 
@@ -635,10 +648,10 @@ def render(text: str, root: Path = Path("."), files: dict | None = None) -> tupl
         if name.startswith("picture_") and name.removeprefix("picture_") in PICTURES:
             key = name.removeprefix("picture_")
             chart, source = PICTURES[key]
-            if source == "metrics" and "rows" not in records:
-                records["rows"] = read_metrics(root)
             path = pictures.FOLDER / f"{key}.svg"
-            drawn = pictures.svg(chart(records["rows"] if source == "metrics" else read_weights(root)))
+            if source not in records:
+                records[source] = PICTURE_SOURCES[source](root)
+            drawn = pictures.svg(chart(records[source]))
             if files is not None:
                 files[path] = drawn
             if not (root / path).is_file() or (root / path).read_text() != drawn:

@@ -75,7 +75,7 @@ def reference_error(signature, kind: str, record: dict) -> dict:
         out = signature("suffix")(**tokens, **state)["hidden"]
     else:
         raise ClefError(f"unknown artifact kind {kind!r}")
-    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected)
+    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected, curve=True)
 
 
 def run_reference(path: Path, kind: str, record: dict, threads: int | None = None, names: dict | None = None) -> dict:

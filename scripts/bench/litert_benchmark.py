@@ -1,0 +1,66 @@
+"""LiteRT's own benchmark tool, `litert-benchmark` (installed with ai-edge-litert), on one signature of a
+graph: warm-up runs, then timed runs, reported as percentiles with whether every op ran on the chosen
+accelerator. The latency figures of the release's graphs come from it (stages/latency.py), not from a
+loop of ours, so a device team reruns the very command on its own hardware and compares like with like.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from scripts.pipeline.errors import ClefError
+
+TOOL = "litert-benchmark"
+FIGURES = ("median_ms", "p5_ms", "p95_ms", "avg_ms", "std_ms", "min_ms", "max_ms", "init_ms", "num_runs")
+
+
+def tool() -> str:
+    """The tool beside this Python (the venv's bin/), else on PATH; one line when neither has it."""
+    beside = Path(sys.executable).parent / TOOL
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which(TOOL)
+    if found is None:
+        raise ClefError(f"no {TOOL} beside {sys.executable} or on PATH: it comes with ai-edge-litert (make env)")
+    return found
+
+
+def command(path: Path, signature: str, runs: int, warmup: int, threads: int, result: Path) -> list[str]:
+    """The command line, as the README shows it for a device team to rerun."""
+    return [
+        tool(),
+        "--model", str(path),
+        "--signature", signature,
+        "--num_runs", str(runs),
+        "--warmup_runs", str(warmup),
+        "--num_threads", str(threads),
+        "--result_json", str(result),
+    ]  # fmt: skip
+
+
+def run(path: Path, signature: str, runs: int, warmup: int, threads: int) -> dict:
+    """One signature of the graph at `path` on the CPU accelerator -> {signature, fully_accelerated,
+    num_threads, and FIGURES in ms}. A failed run is one line naming the graph, with the tool's last line."""
+    with tempfile.TemporaryDirectory(prefix="clef-benchmark-") as tmp:
+        result = Path(tmp) / "result.json"
+        done = subprocess.run(
+            command(path, signature, runs, warmup, threads, result), capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0 or not result.is_file():
+            said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+            raise ClefError(f"{TOOL} on {path} signature {signature} failed (exit {done.returncode}): {said}")
+        doc = json.loads(result.read_text())
+    latency = doc.get("latency") or {}
+    missing = [k for k in FIGURES if k not in latency]
+    if missing:
+        raise ClefError(f"{TOOL} on {path}: its result lacks {missing}; this version reports {sorted(latency)}")
+    return {
+        "signature": doc.get("signature", signature),
+        "fully_accelerated": doc.get("fully_accelerated"),
+        "num_threads": doc.get("num_threads", threads),
+        **{k: latency[k] for k in FIGURES},
+    }

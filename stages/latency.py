@@ -1,0 +1,46 @@
+"""DVC stage `latency`: every signature of every graph params.yaml asks for, timed by LiteRT's own
+`litert-benchmark` on the CPU accelerator (scripts/bench/litert_benchmark.py) -> results/latency.json.
+A benchmark figure, never a test: these machines are noisy."""
+
+from scripts.bench import litert_benchmark
+from scripts.checks import bundle_check
+from scripts.pipeline import atomic, layout, params, provenance
+from scripts.pipeline.errors import run_stage
+
+
+def main() -> None:
+    p = params.load(["lengths", "pairs", "latency"])
+    b = p["latency"]
+    runs, warmup, threads = int(b["runs"]), int(b["warmup_runs"]), int(b["threads"])
+    graphs = bundle_check.planned(p["lengths"], p["pairs"])
+    for g in graphs:  # every file before the first run: a missing graph is one line, not a late failure
+        layout.require(g.path)
+    rows = []
+    for g in graphs:
+        for signature in g.signatures:
+            r = {
+                "graph": g.name,
+                "kind": g.kind,
+                **g.shape,
+                **litert_benchmark.run(g.path, signature, runs, warmup, threads),
+            }
+            rows.append(r)
+            print(
+                f"latency {g.name} {signature}: median {r['median_ms']:.3g} ms (p5 {r['p5_ms']:.3g}, "
+                f"p95 {r['p95_ms']:.3g}; {r['num_runs']} runs, {threads} threads)",
+                flush=True,
+            )
+    doc = {
+        "tool": litert_benchmark.TOOL,
+        "ai_edge_litert": provenance.package_versions().get("ai-edge-litert"),
+        "accelerator": "cpu",
+        "runs": runs,
+        "warmup_runs": warmup,
+        "threads": threads,
+        "rows": rows,
+    }
+    atomic.write_json(layout.result_path("latency"), doc)
+
+
+if __name__ == "__main__":
+    run_stage(main)
