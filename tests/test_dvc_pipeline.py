@@ -197,6 +197,8 @@ def test_pipeline_end_to_end(pipeline):
     for name in gpu:
         doc = json.loads((repo / layout.gpu_result_path(name)).read_text())
         assert doc["passed"] and doc["fully_accelerated"] and doc["all_finite"], name
+        curves = doc["positions"]  # the picture's: every mode's figure at each position of one record
+        assert max(curves["fp32_vs_torch"]) <= doc["fp32_max_rel_per_position_vs_torch"], name
         assert doc["fp32_max_rel_vs_torch"] <= doc["threshold_fp32"] and doc["floor_max_rel_vs_f64"] > 0, name
         assert doc["device"]["adapter"] and {r["mode"] for r in doc["rows"]} == {"fp32", "fp16", "mixed"}, name
         mixed = doc["modes"]["mixed"]
@@ -208,6 +210,11 @@ def test_pipeline_end_to_end(pipeline):
         for name in gpu[len(params["lengths"]) :]
         for s in json.loads((repo / layout.gpu_result_path(name)).read_text())["signatures"]
     } == {"prefix", "suffix"}
+    # every signature of every graph timed by litert-benchmark: percentiles in order, every op on the CPU
+    latency = json.loads((repo / layout.result_path("latency")).read_text())
+    signatures = len(params["lengths"]) + 2 * len(params["pairs"])
+    assert latency["tool"] == "litert-benchmark" and len(latency["rows"]) == signatures
+    assert all(0 < r["p5_ms"] <= r["median_ms"] <= r["p95_ms"] and r["fully_accelerated"] for r in latency["rows"])
     # a pair stores its weights once: about the size of one row graph, not two
     small = min(params["pairs"], key=lambda q: q["prefix"])
     pair_bytes = (repo / "artifacts/pairs" / f"pair_P{small['prefix']}_S{small['suffix']}.tflite").stat().st_size

@@ -493,6 +493,33 @@ def test_summary_fails_on_nan_non_finite_and_fp32_over_a_bound():
     assert problems == ["mode=fp32, record=full: rel_per_position_vs_torch 0.0003 > 0.0001"]
 
 
+def test_the_picture_curves_are_each_modes_at_the_reference_records_shape():
+    """A row's padded record, a pair's longest chaining suffix: fp32 against torch, the half modes and the
+    floor against float64, one figure a position (scripts/pipeline/pictures.py draws them)."""
+
+    def curve(r, **lists):
+        return {**r, **{f"per_position_{k}": v for k, v in lists.items()}}
+
+    rows = [
+        curve({**row("fp32", 1e-6), "n_real": 2}, vs_torch=[1e-6, 2e-6]),
+        curve({**row("fp16", 1e-6), "n_real": 2}, vs_torch=[0.1, 0.1], vs_f64=[0.03, 0.02], floor_vs_f64=[0.01, 0.01]),
+    ]
+    doc, _ = gpu_check.summary(rows, BOUNDS)
+    assert doc["positions"] == {
+        "record": "full (2 real)",
+        "fp32_vs_torch": [1e-6, 2e-6],
+        "fp16_vs_f64": [0.03, 0.02],
+        "floor_vs_f64": [0.01, 0.01],
+    }
+    chained = [
+        {"mode": "fp32", "check": "signature", "signature": "suffix"},
+        curve({"mode": "fp32", "check": "chaining", "p": 32, "s": 1}, vs_torch=[9.0]),
+        curve({"mode": "fp32", "check": "chaining", "p": 32, "s": 64}, vs_torch=[1.0, 2.0]),
+    ]
+    assert gpu_check.position_curves(chained) == {"record": "p=32, s=64", "fp32_vs_torch": [1.0, 2.0]}
+    assert gpu_check.position_curves([row("fp32", 1e-6)]) is None  # rows without curves: nothing to draw
+
+
 def test_a_mode_held_to_the_floor_fails_over_it_globally_or_per_position_and_the_others_are_recorded():
     """A half mode in verify_gpu.held_to_floor over fp16_max_over_floor x the floor, globally or at its
     worst position, or NaN, is a problem; a mode not held (fp16 here, 10x over) is recorded with

@@ -86,3 +86,52 @@ def test_the_release_draws_its_own_figures():
     assert sorted(drawn) == ["errors.svg", "gpu_modes.svg"] and all(svg.startswith("<svg") for _, svg in drawn.values())
     assert "L64" in drawn["errors.svg"][1] and "pair P64 S64" in drawn["errors.svg"][1]
     assert sorted(pictures.release_pictures({"row_L64": {"reference": ref}})) == ["errors.svg"]
+
+
+def artifact(n: int, gpu: bool = True, bad: float | None = None) -> dict:
+    """A manifest entry with its curves: the release's CPU run and verify_gpu's modes, n positions."""
+    cpu = [1e-6 * (1 + t) for t in range(n)]
+    if bad is not None:
+        cpu[1] = bad
+    entry = {"reference": {"positions": cpu}}
+    if gpu:
+        entry["gpu"] = {
+            "positions": {
+                "record": "padded",
+                "fp32_vs_torch": [2e-6] * n,
+                "fp16_vs_f64": [3e-2] * n,
+                "mixed_vs_f64": [1e-2] * n,
+                "floor_vs_f64": [8e-3] * n,
+            }
+        }
+    return entry
+
+
+def test_positions_draws_every_series_at_every_position_of_each_graph():
+    spec = pictures.positions({"row_L64": artifact(43), "pair_P64_S64": artifact(64, gpu=False)})
+    data = values(spec)
+    drawn = {(d["graph"], d["series"]): 0 for d in data}
+    for d in data:
+        drawn[(d["graph"], d["series"])] += 1
+    assert drawn == {
+        ("L64", pictures.CPU_SERIES): 43,
+        ("L64", "GPU fp32 vs torch"): 43,
+        ("L64", "GPU fp16 vs float64"): 43,
+        ("L64", "GPU mixed vs float64"): 43,
+        ("L64", pictures.FLOOR_SERIES): 43,
+        ("pair P64 S64", pictures.CPU_SERIES): 64,
+    }
+    assert spec["facet"]["sort"] == ["L64", "pair P64 S64"] and pictures.svg(spec).startswith("<svg")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_position_that_is_not_finite_is_named(bad):
+    spec = pictures.positions({"row_L64": artifact(5, bad=bad)})
+    assert "1 not finite, not drawn: L64" in spec["title"] and len(values(spec)) == 5 * 5 - 1
+
+
+def test_the_release_draws_positions_only_where_it_has_curves():
+    ref = {"max_rel": 2e-6, "max_rel_per_position": 5e-6, "threshold": 1e-4}
+    with_curves = {"row_L64": {**artifact(8), "reference": {**ref, "positions": [1e-6] * 8}}}
+    assert "positions.svg" in pictures.release_pictures(with_curves)
+    assert "positions.svg" not in pictures.release_pictures({"row_L64": {"reference": ref}})

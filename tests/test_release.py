@@ -225,8 +225,14 @@ def test_make_release_output(pipeline, built):
     card_text = (built / reader.CARD).read_text()  # the tiny snapshot has no model card of its own: said so
     assert card_text.startswith(f"---\nbase_model: {manifest['model']['repo']}\n") and "license:" not in card_text
     assert "carries no model card" in card_text
-    for picture in ("pictures/errors.svg", "pictures/gpu_modes.svg"):  # the card's charts, hashed like every file
+    for picture in ("pictures/errors.svg", "pictures/gpu_modes.svg", "pictures/positions.svg"):  # hashed like all
         assert f"]({picture})" in card_text and picture in manifest["files"], picture
+    for path, art in manifest["artifacts"].items():  # the per-position picture's curves, one figure a position
+        curve, record = art["reference"]["positions"], references.load_reference(built, art["reference"]["file"])
+        assert len(curve) == record["expected"].shape[1] and max(curve) == art["reference"]["max_rel_per_position"]
+        gpu = art["gpu"]["positions"]
+        assert {"fp32_vs_torch", "fp16_vs_f64", "mixed_vs_f64", "floor_vs_f64"} <= set(gpu), path
+        assert {len(v) for k, v in gpu.items() if k != "record"} == {len(curve)}, path
     tarballs = list((built.parent / "dist").glob("*" + builder.TARBALL_SUFFIX))
     assert [t.name for t in tarballs] == [manifest["name"] + builder.TARBALL_SUFFIX]
     assert snap["revision"][:12] in manifest["name"] and p["form"] in manifest["name"]

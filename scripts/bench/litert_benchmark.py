@@ -42,6 +42,17 @@ def command(path: Path, signature: str, runs: int, warmup: int, threads: int, re
     ]  # fmt: skip
 
 
+def reason(output: str) -> str:
+    """The tool's own account of a failure: its last ERROR line, else its last line that is not LiteRT's
+    INFO noise (scripts/pipeline/quiet.py)."""
+    from scripts.pipeline.quiet import NOISE
+
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if " ERROR " in line or line.startswith("ERROR")]
+    said = errors or [line for line in lines if not NOISE.match(line.encode())]
+    return said[-1] if said else "no output"
+
+
 def run(path: Path, signature: str, runs: int, warmup: int, threads: int) -> dict:
     """One signature of the graph at `path` on the CPU accelerator -> {signature, fully_accelerated,
     num_threads, and FIGURES in ms}. A failed run is one line naming the graph, with the tool's last line."""
@@ -51,7 +62,7 @@ def run(path: Path, signature: str, runs: int, warmup: int, threads: int) -> dic
             command(path, signature, runs, warmup, threads, result), capture_output=True, text=True, check=False
         )
         if done.returncode != 0 or not result.is_file():
-            said = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+            said = reason(done.stdout + "\n" + done.stderr)
             raise ClefError(f"{TOOL} on {path} signature {signature} failed (exit {done.returncode}): {said}")
         doc = json.loads(result.read_text())
     latency = doc.get("latency") or {}

@@ -571,6 +571,38 @@ def weights_table(doc: dict) -> str:
 WEIGHTS_TABLES = {"weights": weights_table}  # from results/weights.json (make weights-bench)
 
 
+def read_latency(root: Path) -> dict:
+    path = root / layout.result_path("latency")
+    if not path.is_file():
+        raise ClefError(f"no {path}: run `dvc repro latency` first")
+    return json.loads(path.read_text())
+
+
+def latency_table(doc: dict) -> str:
+    """Every signature's time from LiteRT's litert-benchmark (stages/latency.py): median and percentiles."""
+    line = (
+        f"`{doc['tool']}` (ai-edge-litert {doc['ai_edge_litert']}) on this machine's CPU accelerator, "
+        f"{doc['threads']} threads, {doc['runs']} timed runs after {doc['warmup_runs']} warm-up; "
+        "`results/latency.json` from the `latency` stage of the same `dvc repro`, rendered by `make readme`."
+    )
+    body = [
+        [
+            label(r["graph"], r),
+            f"`{r['signature']}`",
+            f"{r['median_ms']:.3g}",
+            f"{r['p5_ms']:.3g} / {r['p95_ms']:.3g}",
+            f"{r['init_ms']:.3g}",
+            "yes" if r["fully_accelerated"] else "no",
+        ]
+        for r in doc["rows"]
+    ]
+    header = ["graph", "signature", "median ms", "p5 / p95 ms", "load ms", "every op on the accelerator"]
+    return f"{line}\n\n{table(header, body)}"
+
+
+LATENCY_TABLES = {"latency": latency_table}  # from results/latency.json (the latency stage)
+
+
 def params_table(root: Path) -> str:
     """Which params.yaml keys rerun which stages, from `root`'s dvc.yaml (what each stage declares, or
     iterates over with foreach) and scripts/pipeline/bounds.py (the keys no stage declares)."""
@@ -664,6 +696,8 @@ def render(text: str, root: Path = Path("."), files: dict | None = None) -> tupl
             body = f"{bench_line(bench)}\n\n{BENCH_TABLES[name](bench)}"
         elif name in WEIGHTS_TABLES:
             body = WEIGHTS_TABLES[name](read_weights(root))
+        elif name in LATENCY_TABLES:
+            body = LATENCY_TABLES[name](read_latency(root))
         elif name in DVC_TABLES:
             body = DVC_TABLES[name](root)
         elif name in TABLES:
@@ -673,7 +707,14 @@ def render(text: str, root: Path = Path("."), files: dict | None = None) -> tupl
                 records["run"] = run_line(root)
             body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
-            kinds = [*TABLES, *BENCH_TABLES, *WEIGHTS_TABLES, *DVC_TABLES, *(f"picture_{k}" for k in PICTURES)]
+            kinds = [
+                *TABLES,
+                *BENCH_TABLES,
+                *WEIGHTS_TABLES,
+                *LATENCY_TABLES,
+                *DVC_TABLES,
+                *(f"picture_{k}" for k in PICTURES),
+            ]
             known = ", ".join(kinds)
             raise ClefError(f"README block `{name}` has no table; known: {known}")
         if body != m.group("body"):
