@@ -53,8 +53,11 @@ lint: env
 	ruff check
 	ruff format --check
 
+# The fast tier first, so a broken module fails in minutes, then the tests of the pipeline run and the
+# graph conversions (marked by tests/conftest.py): together every test, each once.
 test: env lint
-	python -m pytest -q --durations=30
+	python -m pytest -q -m "not pipeline and not slow"
+	python -m pytest -q --durations=30 -m "pipeline or slow"
 
 # The fast tier, for a change to one module: every test but those that need the whole pipeline run
 # (marked `pipeline` by tests/conftest.py) or convert graphs (marked `slow`).

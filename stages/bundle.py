@@ -22,7 +22,8 @@ from scripts.layers import kernel_form
 from scripts.litert import bundle, gpu_accelerator, tflite_file
 from scripts.litert.cpu_graph import CpuGraph
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.release import references
 
 GPU_MODES = gpu_accelerator.MODES

@@ -8,7 +8,7 @@ output, like check_params's, is constant and persistent.
 
 from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout, params
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 
 
 def main() -> None:

@@ -12,7 +12,8 @@ persistent output (DVC does not delete it before the run), so a refused run leav
 from pathlib import Path
 
 from scripts.pipeline import atomic, bounds, layout, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.release import signing
 
 

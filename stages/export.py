@@ -7,7 +7,7 @@ from scripts.checkpoint import snapshot
 from scripts.layers import kernel_form
 from scripts.litert import export
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import Stopwatch, peak_rss_bytes
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host

@@ -12,7 +12,7 @@ from scripts.bench import conversion_bench
 from scripts.checkpoint import snapshot
 from scripts.layers import kernel_form
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 from scripts.qwen35.host import Host
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from scripts.bench import conversion_bench
 from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 from scripts.qwen35.host import Host
 
 

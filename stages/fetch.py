@@ -5,7 +5,7 @@ model.source tiny writes the embedded checkpoint; hub downloads model.repo at mo
 
 from scripts.checkpoint import fetch
 from scripts.pipeline import atomic, params
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 
 
 def main() -> None:

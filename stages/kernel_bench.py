@@ -5,7 +5,7 @@ A benchmark figure, never a test: these machines are noisy."""
 from scripts.checks import kernel_check
 from scripts.layers import kernel_form
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ A benchmark figure, never a test: these machines are noisy."""
 from scripts.bench import litert_benchmark
 from scripts.checks import bundle_check
 from scripts.pipeline import atomic, layout, params, provenance
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 
 
 def main() -> None:

@@ -27,7 +27,8 @@ from scripts.checks import bundle_check
 from scripts.layers import kernel_form
 from scripts.litert import bundle, tflite_file
 from scripts.pipeline import atomic, layout, params, pictures, provenance
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.qwen35.host import Host
 from scripts.release import builder, card, reader, signing
 

@@ -7,7 +7,8 @@ the budget fails the stage: the weights were copied somewhere they should not ha
 
 from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, bounds, layout, metrics, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import peak_rss_bytes
 from scripts.qwen35 import text_stack
 

@@ -18,7 +18,8 @@ from scripts.checks import gpu_check, model_check, tflite_check
 from scripts.layers import kernel_form
 from scripts.litert import sections, tflite_file
 from scripts.pipeline import atomic, layout, measure, metrics, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.qwen35 import pair_graph, patch, text_stack
 from scripts.qwen35.host import Host
 

@@ -6,7 +6,8 @@ from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.layers import kernel_form
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
 

@@ -14,7 +14,8 @@ from scripts.checks import compare, pair_check, tflite_check
 from scripts.layers import kernel_form
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.pipeline.progress import Phases
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner, litert_signature

@@ -13,7 +13,8 @@ from scripts.checks import compare, model_check, quantization_effect, tflite_che
 from scripts.layers import kernel_form, weight_precision
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.pipeline.progress import Phases
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host

@@ -48,6 +48,31 @@ def test_a_new_import_makes_the_deps_stale(tmp_path):
     assert "check_params" in stage_deps.rewrite(text, tmp_path)[1]
 
 
+def test_our_modules_import_no_circle(tmp_path):
+    """No import circle among scripts/ and stages/ (lazy imports count); broken once on purpose: two
+    modules that import each other, one inside a function, as errors.py once reached measure.py."""
+    assert stage_deps.circles() == []
+    for top in ("scripts", "stages"):
+        (tmp_path / top).mkdir()
+    (tmp_path / "scripts/__init__.py").write_text("")
+    (tmp_path / "scripts/errors.py").write_text("def run():\n    from scripts.measure import peak\n")
+    (tmp_path / "scripts/measure.py").write_text("from scripts.errors import run\n")
+    assert stage_deps.circles(tmp_path) == [[Path("scripts/errors.py"), Path("scripts/measure.py")]]
+
+
+def test_the_stage_harness_is_no_stage_dependency():
+    """The harness (quiet output, one-line errors, time and memory recorded) changes no output, so an
+    edit to it, or to the memory sampler or the log filter it runs, reruns no stage that does not itself
+    compute with them. Broken once on purpose: followed, it makes them deps of every stage."""
+    deps = {name: set(stage_deps.wanted_deps(stage)) for name, stage in STAGES.items()}
+    harness = {str(stage_deps.HARNESS), "scripts/pipeline/measure.py", "scripts/pipeline/quiet.py"}
+    assert not any(harness & d for name, d in deps.items() if name in ("fetch", "check_params")), deps
+    assert "scripts/pipeline/measure.py" in deps["verify_tflite"]  # its latency loop is the stage's own code
+    assert not any(str(stage_deps.HARNESS) in d for d in deps.values())
+    followed = stage_deps.code_of(Path("stages/fetch.py")) | stage_deps.code_of(stage_deps.HARNESS)
+    assert harness <= {str(p) for p in followed}
+
+
 def test_editing_the_release_code_reruns_no_verify_stage():
     """The verify stages hours long at clef-flash size depend on the reference records' module only, not
     on the release's reader or signing: an edit there reruns the release, not the graphs' checks."""

@@ -83,7 +83,8 @@ def test_the_sampler_leaves_nothing_on_the_stage_stderr(ending):
     import sys
 
     body = {
-        "stage refuses its input": "from scripts.pipeline.errors import ClefError, run_stage\n"
+        "stage refuses its input": "from scripts.pipeline.errors import ClefError\n"
+        "from scripts.pipeline.harness import run_stage\n"
         "def main():\n    raise ClefError('bad input')\nrun_stage(main, budget=False)",
         "process dies unstopped": "import os, time\nfrom scripts.pipeline import measure\n"
         "measure.AnonPeak().start()\ntime.sleep(0.2)\nos._exit(3)",

@@ -19,7 +19,7 @@ import torch
 from scripts.checks import bundle_check
 from scripts.litert import bundle, export
 from scripts.pipeline import atomic, layout
-from scripts.pipeline.errors import run_stage
+from scripts.pipeline.harness import run_stage
 
 HIDDEN, INNER = 2048, 4096  # two Linear layers without bias: 2 x 32 MiB of fp32 weights
 WEIGHT_MIB = 2 * HIDDEN * INNER * 4 / 2**20

@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from scripts.pipeline import layout, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 
 # The shortest and longest default L and pair: the benchmark interpolates the ones between
 # (scripts/bench/report.py default_pipeline).

@@ -28,7 +28,8 @@ from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check, tflite_check
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import median_seconds
 from scripts.release import builder
 

@@ -38,7 +38,8 @@ from scripts.layers import kernel_form
 from scripts.litert import export, gpu_accelerator, sections, tflite_file, weight_storage
 from scripts.litert.cpu_graph import CpuGraph
 from scripts.pipeline import atomic, layout, params
-from scripts.pipeline.errors import ClefError, run_stage
+from scripts.pipeline.errors import ClefError
+from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import Stopwatch, median_seconds, stack_fp32_bytes
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host

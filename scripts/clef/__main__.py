@@ -18,22 +18,11 @@ EXIT_FAILED = 1  # the command ran and found a problem (verify, audit)
 EXIT_BAD_INPUT = 2  # the command could not run on what it was given
 
 
-def version() -> str:
-    """This command's version and the release format it reads."""
-    from importlib import metadata
-
-    try:
-        ours = metadata.version("clef-litert")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        ours = "unknown (not installed: pip install -e .)"
-    from scripts.release.reader import FORMAT
-
-    return f"clef-litert {ours}, reads release format {FORMAT}"
-
-
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="clef", description="Run, verify and audit a clef-litert release.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    from scripts.clef.about import version
+
     ap.add_argument("--version", action="version", version=version())
     sub = ap.add_subparsers(dest="command", required=True)
 

@@ -380,7 +380,7 @@ def verify_directory(root: Path, args) -> int:
         raise ClefError("--require-signature needs --key PUB.pem, the public key to check the signature with")
     if args.key:
         signing.load_public_key(args.key)  # an unusable key is bad input, refused before any work
-    from scripts.clef.__main__ import version
+    from scripts.clef.about import version
 
     report = Report(as_json=args.json)
     report.doc.update(clef=version(), release=str(args.release))
@@ -627,9 +627,8 @@ def audit_signature(root: Path, manifest: dict) -> int:
 
 def keys(args) -> int:
     """A key pair for signing releases (make keys)."""
-    from scripts.clef.__main__ import CHECKOUT
-
-    private, public = signing.make_keys(Path(args.directory), repo=Path(CHECKOUT))
+    checkout = Path(__file__).resolve().parents[2]  # the repository the keys must stay out of
+    private, public = signing.make_keys(Path(args.directory), repo=checkout)
     encrypted = ", encrypted" if signing.password_set() else ""
     print(f"private key: {private} (mode 0600{encrypted}): keep it off shared machines")
     print(f"public key:  {public} (fingerprint {signing.fingerprint(signing.load_public_key(public))}): share it")

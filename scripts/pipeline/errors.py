@@ -1,6 +1,8 @@
 """One error type for bad input, and the wrapper that turns it into one line and a non-zero exit.
 
-Anything else that escapes a stage is a bug and keeps its traceback.
+Anything else that escapes a command is a bug and keeps its traceback. Imports nothing of ours: every
+module may raise ClefError, so this one depends on none of them (a stage's harness is
+scripts/pipeline/harness.py).
 """
 
 from __future__ import annotations
@@ -57,27 +59,3 @@ def _fail(message: str, status: int) -> None:
     message = " ".join(message.split())  # one line, whatever the message was built from
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
-
-
-def run_stage(main: Callable[[], None], budget: bool = True) -> None:
-    """run_command for a DVC stage, quiet (scripts/pipeline/quiet.py): one that finishes also leaves its
-    time, peak RSS and peak anonymous memory in results/runtime/ (scripts/pipeline/measure.py), and fails
-    when that memory is over the budget (params.yaml `memory`). `budget=False`: a benchmark script,
-    neither recorded (it is not a pipeline stage) nor held to the budget."""
-
-    from scripts.pipeline import quiet
-
-    quiet.install()  # third-party log noise off this process's output (CLEF_DEBUG=1 keeps it)
-
-    def measured() -> None:
-        from scripts.pipeline.measure import AnonPeak, over_budget, process_seconds, record_runtime
-
-        startup = process_seconds()  # the stage's imports: the same at any depth (bench extrapolation)
-        with AnonPeak() as sampler:
-            main()
-            peak = sampler.stop()
-        problem = over_budget(record_runtime(peak, budget=budget, startup_seconds=startup)) if budget else None
-        if problem:
-            raise ClefError(problem)
-
-    run_command(measured)

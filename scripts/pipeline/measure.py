@@ -1,6 +1,6 @@
 """Process measurements recorded by the stages: peak resident memory and wall time.
 
-Every stage run through `errors.run_stage` also leaves results/runtime/<stage>.json: its wall time
+Every stage run through `harness.run_stage` also leaves results/runtime/<stage>.json: its wall time
 from process start (imports included: they are part of what a stage costs), its peak RSS, and its
 peak anonymous memory. These are benchmark records for results/bench.json, not DVC outputs: a stage
 DVC skips keeps its last run's record.

@@ -45,6 +45,17 @@ def _graph_axis(data: list[dict]) -> dict:
     return {"field": "graph", "type": "nominal", "title": None, "sort": order, "axis": {"labelAngle": -30}}
 
 
+def _error_axis(title: str) -> dict:
+    """The `error` field on a log scale: the errors span orders of magnitude."""
+    return {
+        "field": "error",
+        "type": "quantitative",
+        "scale": {"type": "log"},
+        "axis": {"format": ".0e"},
+        "title": title,
+    }
+
+
 def errors(rows: dict) -> dict:
     """LiteRT against torch for each graph (CPU, fp32): the global figure and the worst position's, on a
     log scale under the bound they are held to."""
@@ -64,13 +75,7 @@ def errors(rows: dict) -> dict:
         "encoding": {
             "x": _graph_axis(data),
             "xOffset": {"field": "figure"},
-            "y": {
-                "field": "error",
-                "type": "quantitative",
-                "scale": {"type": "log"},
-                "axis": {"format": ".0e"},
-                "title": "max relative error",
-            },
+            "y": _error_axis("max relative error"),
             "color": {"field": "figure", "type": "nominal", "title": None},
             "shape": {"field": "figure", "type": "nominal", "title": None},
         },
@@ -202,13 +207,7 @@ def positions(artifacts: dict) -> dict:
             "mark": {"type": "line", "strokeWidth": 1},
             "encoding": {
                 "x": {"field": "position", "type": "quantitative", "title": "position"},
-                "y": {
-                    "field": "error",
-                    "type": "quantitative",
-                    "scale": {"type": "log"},
-                    "axis": {"format": ".0e"},
-                    "title": "relative error",
-                },
+                "y": _error_axis("relative error"),
                 "color": {"field": "series", "type": "nominal", "title": None, "legend": {"orient": "bottom"}},
             },
         },

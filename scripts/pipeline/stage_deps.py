@@ -2,7 +2,9 @@
 
 The lists are written from the imports (followed transitively, package `__init__.py` files included),
 so a moved module or a new import cannot leave a stage that misses a change to its code; the test
-suite fails when dvc.yaml differs from what this writes.
+suite fails when dvc.yaml differs from what this writes. The one import not followed is the stage
+harness (scripts/pipeline/harness.py): it writes no DVC output and changes no figure, so editing the
+memory sampler or the log filter reruns nothing.
 
     python -m scripts.pipeline.stage_deps           # rewrite dvc.yaml's code deps in place
     python -m scripts.pipeline.stage_deps --check   # exit 1, naming the stages whose lists differ
@@ -19,6 +21,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("scripts", "stages")
+HARNESS = Path("scripts/pipeline/harness.py")
 
 
 def module_file(name: str, root: Path = ROOT) -> Path | None:
@@ -51,15 +54,48 @@ def imported(path: Path, root: Path = ROOT) -> set[Path]:
 
 
 def code_of(entry: Path, root: Path = ROOT) -> set[Path]:
-    """`entry` and every file of ours it imports, transitively (with the packages `python -m` runs it in)."""
+    """`entry` and every file of ours it imports, transitively (with the packages `python -m` runs it in),
+    the stage harness (HARNESS) and what only it imports left out."""
     parts = entry.with_suffix("").parts
     packages = {f for i in range(1, len(parts)) if (f := module_file(".".join(parts[:i]), root)) is not None}
     seen, todo = {entry} | packages, [entry, *packages]
     while todo:
-        for file in imported(todo.pop(), root) - seen:
+        for file in imported(todo.pop(), root) - seen - {HARNESS}:
             seen.add(file)
             todo.append(file)
     return seen
+
+
+def circles(root: Path = ROOT) -> list[list[Path]]:
+    """Every import circle among our modules (lazy imports inside functions count: they run too), each
+    as its files sorted; [] when there is none. A circle makes each of its modules a code dep of every
+    stage that runs one of them, and an edit anywhere in it reruns them all."""
+    files = sorted(p.relative_to(root) for top in OURS for p in (root / top).rglob("*.py"))
+    edges = {f: sorted(imported(f, root) - {f}) for f in files}
+    order, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v: Path) -> None:  # Tarjan's strongly connected components
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for f in files:
+        if f not in order:
+            visit(f)
+    return found
 
 
 def entry_point(stage: dict) -> Path:
@@ -106,6 +142,11 @@ def main() -> None:
     a = ap.parse_args()
     path = ROOT / "dvc.yaml"
     text, changed = rewrite(path.read_text())
+    found = circles()
+    if found:
+        shown = "; ".join(" -> ".join(str(f) for f in c) for c in found)
+        print(f"import circles among our modules (break each): {shown}", file=sys.stderr)
+        sys.exit(1)
     if a.check:
         if changed:
             print(
