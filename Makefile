@@ -38,11 +38,11 @@ release: env
 	dvc repro
 	python -m scripts.pipeline.readme
 
-# The README's figure tables again from the workspace's results/ (after a dvc repro of your own).
+# The generated tables and pictures of README.md and docs/ again from the workspace's results/ (after a dvc repro of your own).
 readme: env
 	python -m scripts.pipeline.readme
 
-# A key pair to sign releases with, outside the repository (README, "Signing"): KEYS=DIR to choose
+# A key pair to sign releases with, outside the repository (docs/release.md, "Signing"): KEYS=DIR to choose
 # where; the private key is encrypted when $$CLEF_SIGNING_KEY_PASSWORD is set.
 KEYS ?= $(HOME)/.config/clef-litert
 keys: env

@@ -183,7 +183,7 @@ def main() -> None:
 
 
 def refused(name: str, path, census: dict, weights: str, form: str, refusal: str, a) -> None:
-    """An int8 graph the GPU accelerator refuses: recorded with the op it refuses, not failed (README,
+    """An int8 graph the GPU accelerator refuses: recorded with the op it refuses, not failed (docs/release.md,
     "Weights": an int8 release runs on the CPU accelerator; fp16 storage is what a GPU takes)."""
     shape = {"L": a.length} if a.length is not None else {"P": a.prefix, "S": a.suffix}
     doc = {

@@ -3,7 +3,10 @@ the run; a block without records, or of an unknown table, is one line, not a sta
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import yaml
 
 from scripts.pipeline import atomic, layout, readme
 from scripts.pipeline.errors import ClefError
@@ -187,22 +190,54 @@ def test_a_changed_record_changes_the_table(workspace):
 def test_no_records_or_unknown_block_is_one_line(tmp_path, workspace):
     with pytest.raises(ClefError, match="no metrics under .*run `dvc repro` first"):
         readme.render(README, tmp_path / "empty")
-    with pytest.raises(ClefError, match="block `latency` has no table"):
-        readme.render("<!-- generated: latency -->\n<!-- end generated: latency -->\n", workspace)
+    with pytest.raises(ClefError, match="block `throughput` has no table"):
+        readme.render("<!-- generated: throughput -->\n<!-- end generated: throughput -->\n", workspace)
 
 
-def test_the_readme_has_every_table():
+def test_every_table_is_generated_once_across_the_readme_and_docs():
+    found = [m.group("name") for doc in readme.documents(ROOT) for m in readme.BLOCK.finditer((ROOT / doc).read_text())]
+    assert sorted(found) == sorted(readme.block_names()), found
+
+
+def test_the_readme_is_short_and_every_link_stays_in_the_repository():
+    """A newcomer reads the README in minutes and follows its links to docs/; every relative link in the
+    documents resolves to a file of the repository (none to the designers' notes outside it)."""
     text = (ROOT / "README.md").read_text()
-    found = [m.group("name") for m in readme.BLOCK.finditer(text)]
-    assert sorted(found) == sorted(
-        [
-            *readme.TABLES,
-            *readme.BENCH_TABLES,
-            *readme.WEIGHTS_TABLES,
-            *readme.DVC_TABLES,
-            *(f"picture_{k}" for k in readme.PICTURES),
-        ]
-    ), found
+    assert len(text.splitlines()) <= 250
+    docs = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / readme.DOCS).glob("*.md"))
+    assert docs and all(f"]({d})" in text for d in docs), docs
+    for doc in readme.documents(ROOT):
+        body = (ROOT / doc).read_text()
+        assert "DESIGN.md" not in body and "../shared" not in body, doc
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", body):
+            assert (ROOT / doc).parent.joinpath(target).resolve().is_relative_to(ROOT), (doc, target)
+            assert (ROOT / doc).parent.joinpath(target).exists(), (doc, target)
+
+
+def test_the_pipeline_diagram_is_drawn_from_dvc_yaml(tmp_path):
+    """An arrow where a stage reads what another writes, none where a longer path leads there; broken
+    once on purpose: a stage that stops reading an output loses its arrow."""
+    stages = {
+        "check_params": {"cmd": "c", "outs": ["results/checked/params.txt"]},
+        "fetch": {"cmd": "f", "deps": ["results/checked/params.txt"], "outs": ["hf"]},
+        "export": {"foreach": [64], "do": {"cmd": "e", "deps": ["hf"], "outs": ["artifacts/rows/row_L${item}.tflite"]}},
+        "verify": {"cmd": "v", "deps": ["hf", "artifacts/rows/row_L64.tflite"], "outs": ["results/v.json"]},
+    }
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    drawn = readme.dag_diagram(tmp_path)
+    assert "fetch[fetch] --> export[export@each]" in drawn and "export[export@each] --> verify[verify]" in drawn
+    assert "fetch[fetch] --> verify" not in drawn  # through export already
+    assert "check_params[" not in drawn and "`check_params`" in drawn  # a gate: named, not drawn
+    stages["verify"]["deps"] = ["hf"]
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    assert "--> verify[verify]" in readme.dag_diagram(tmp_path)
+    assert "export[export@each] --> verify" not in readme.dag_diagram(tmp_path)
+
+
+def test_a_picture_in_docs_links_back_to_results(workspace):
+    text = "<!-- generated: picture_errors -->\n<!-- end generated: picture_errors -->\n"
+    rendered, _ = readme.render(text, workspace, document=readme.DOCS / "checks.md")
+    assert "](../results/figures/errors.svg)" in rendered
 
 
 def test_run_outside_the_repository_is_one_line(tmp_path):

@@ -1,7 +1,7 @@
 """The real-width synthetic checkpoint: clef-flash's widths in the tiny checkpoint's layout.
 
 One decoder layer is written (a GatedDeltaNet one: ~0.4 GB of bf16); the widths are checked against
-the facts in DESIGN.md, not against the module's own constants."""
+clef-flash's published facts (its config.json and the hub's file list), not against the module's own constants."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_every_key_in_the_index_is_in_its_shard_as_bf16(one_layer):
 def test_layer_pattern_and_full_size():
     kinds = synthetic_checkpoint.text_config(8)["layer_types"]
     assert kinds == (["linear_attention"] * 3 + ["full_attention"]) * 2
-    # DESIGN.md: clef-flash's fp32 text stack without embed_tokens is ~27.7 GB
+    # clef-flash's fp32 text stack without embed_tokens is ~27.7 GB
     assert abs(synthetic_checkpoint.fp32_text_bytes(32) / 27.7e9 - 1) < 0.01
 
 

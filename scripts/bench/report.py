@@ -37,7 +37,7 @@ PEAK_N = 4096  # 137 GFLOP per product: ~1 s here, long enough to time, the size
 REPEATS = 5
 TARGET_FRACTION_OF_PEAK = 0.5
 CLEF_FLASH_LAYERS = 32  # (3 GatedDeltaNet + 1 attention) x 8; the real-width run has one such block
-CLEF_FLASH_SNAPSHOT_BYTES = 19.3e9  # bf16 on disk, vision and MTP included (DESIGN.md)
+CLEF_FLASH_SNAPSHOT_BYTES = 19.3e9  # bf16 on disk, vision and MTP included (the hub's file list)
 
 
 def matmul_peak(n: int = PEAK_N) -> dict:

@@ -17,7 +17,7 @@ the stored weights, the graph converted and stored, and on the same host-built r
   right after each variant, and the speed-up is of those two medians, taken under the same load.
 Then, where the workspace's graphs are fp32 or fp16, every graph it releases is converted at the other
 of the two and run on its reference record beside the workspace's file: how default `weights` was
-chosen (README, "Weights").
+chosen (docs/release.md, "Weights").
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from scripts.qwen35.checkpoint_layout import EMBED_TOKENS, TEXT_PREFIX
 
 REPO = "clef-litert/clef-flash-synthetic"
 
-# clef-flash's text stack (DESIGN.md, "clef-flash's text stack"); vocab and layer count set below.
+# clef-flash's text stack (its config.json at the pinned revision); vocab and layer count set below.
 REAL_WIDTHS = {
     "hidden_size": 4096,
     "intermediate_size": 12288,

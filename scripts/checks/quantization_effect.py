@@ -8,7 +8,7 @@ converted at a time: scripts/checks/layerwise.py). Besides the hidden states' tw
 every real position, where the graph's top-1 token is the truth's (top1_agreement), how many of the
 truth's top 5 are in the graph's top 5 (top5_agreement, a fraction), and the mean over positions of
 KL(truth || graph) of the next-token distribution, in nats. Recorded, not bounded: how much a
-precision may move a decision is the user's call (README, "Weights").
+precision may move a decision is the user's call (docs/release.md, "Weights").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ atomic write, so a conversion that fails midway leaves no `.tflite` behind.
 
 Conversion is litert_torch's lightweight mode written straight to a scratch file: constants are
 handled lazily, so converting clef-flash-width weights costs little more memory than the weights
-themselves (the default mode's peak is several times the weights: README, "Real width"), and
+themselves (the default mode's peak is several times the weights: docs/real-width.md), and
 the op census of our graphs is the same in both modes (checked at L=64 and L=256).
 
 The metadata entry (`clef_litert`, JSON) makes the file self-describing: repo, revision, form, L,

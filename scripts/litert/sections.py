@@ -2,7 +2,7 @@
 for an accelerator that cannot hold the whole graph.
 
 LiteRT's GPU accelerator holds several times a graph's weights while it compiles it (on lavapipe,
-the software Vulkan driver, the GPU's memory is the host's: README, "Memory"), so a real-width graph
+the software Vulkan driver, the GPU's memory is the host's: docs/real-width.md, "Memory"), so a real-width graph
 does not fit where its CPU checks do. `plan` cuts each signature's ops, in their order, into
 sections whose constants stay under a byte limit, each cut placed where the fewest tensors cross;
 no cut carries a tensor that is not float32 (the runner feeds and reads float32). `write` makes a

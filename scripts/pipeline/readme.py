@@ -1,13 +1,14 @@
-"""The README's figure tables, rendered from the pipeline's own records so they cannot go stale.
+"""The figure tables of README.md and docs/*.md, rendered from the pipeline's own records so they
+cannot go stale.
 
-Each table sits in the README between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`
-and names the run it came from (the release manifest's commit and whether the inputs were clean). A
-block named `picture_NAME` holds an image link to results/figures/NAME.svg, drawn from the same
-records (scripts/pipeline/pictures.py) and written beside the README.
+Each table sits in a document between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->`
+and names the run it came from (the release manifest's commit and whether the inputs were clean);
+each NAME appears once across the documents. A block named `picture_NAME` holds an image link to
+results/figures/NAME.svg, drawn from the same records (scripts/pipeline/pictures.py).
 `make release` rewrites them after `dvc repro`; `make readme` alone rewrites them from the workspace
 as it is.
 
-    python -m scripts.pipeline.readme            # rewrite README.md's generated tables
+    python -m scripts.pipeline.readme            # rewrite the generated tables and pictures
     python -m scripts.pipeline.readme --check    # exit 1 naming the tables that differ
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 
@@ -22,6 +24,14 @@ from scripts.pipeline import atomic, layout, pictures
 from scripts.pipeline.errors import ClefError, run_command
 
 README = Path("README.md")
+DOCS = Path("docs")  # the rest of the documentation, README's "Read next"
+
+
+def documents(root: Path = Path(".")) -> list[Path]:
+    """README.md and every docs/*.md, relative to `root`: the files whose blocks are generated."""
+    return [README, *sorted(p.relative_to(root) for p in (root / DOCS).glob("*.md"))]
+
+
 BLOCK = re.compile(r"(<!-- generated: (?P<name>\w+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
 
 
@@ -333,7 +343,7 @@ def real_run_table(bench: dict) -> str:
         [
             "download",
             f"{clef['snapshot_bytes'] / 1e9:.1f} GB (bf16, vision and MTP included)",
-            "DESIGN.md, the hub's file list",
+            "the hub's file list",
         ],
         [
             "RAM",
@@ -642,7 +652,59 @@ def params_table(root: Path) -> str:
     return f"{note}\n\n{table(['params.yaml', 'reruns', 'why'], body)}"
 
 
-DVC_TABLES = {"params": params_table}  # from dvc.yaml and params.yaml
+GATES = ("check_params", "check_lengths")  # every stage waits for them: drawn once, not as 20 arrows
+
+
+def dag_diagram(root: Path) -> str:
+    """The pipeline as a Mermaid flowchart from `root`'s dvc.yaml: an arrow where a stage reads what
+    another writes, left out where a longer path already leads there (a foreach stage is one node,
+    `name@each`); the two params checks every stage waits for are named in a note, not drawn."""
+    import yaml
+
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+
+    def paths(entries) -> list[str]:
+        return [e if isinstance(e, str) else next(iter(e)) for e in entries or []]
+
+    body = {name: st.get("do", st) for name, st in stages.items()}
+    label = {name: f"{name}@each" if "foreach" in st else name for name, st in stages.items()}
+    writes = {
+        name: [re.sub(r"\$\{item[^}]*\}", "*", o) for o in paths(b.get("outs")) + paths(b.get("metrics"))]
+        for name, b in body.items()
+    }
+    edges = {name: set() for name in stages if name not in GATES}
+    for name in edges:
+        reads = [d for d in paths(body[name].get("deps")) if not d.endswith(".py")]
+        for source in edges:
+            if source != name and any(_covers(o, d) or _covers(d, o) for o in writes[source] for d in reads):
+                edges[source].add(name)
+
+    def reachable(start: str, skip: str) -> set[str]:
+        seen, todo = set(), [n for n in edges[start] if n != skip]
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo += edges[n]
+        return seen
+
+    lines = ["```mermaid", "flowchart LR"]
+    for source in edges:
+        for target in sorted(edges[source], key=list(stages).index):
+            if target not in reachable(source, skip=target):  # the transitive reduction
+                lines.append(f"  {source}[{label[source]}] --> {target}[{label[target]}]")
+    note = f"Every stage also waits for {' and '.join(f'`{g}`' for g in GATES)} (params.yaml's schema, the lengths)."
+    return "\n".join([*lines, "```"]) + f"\n\n{note}\n"
+
+
+def _covers(out: str, dep: str) -> bool:
+    """A dep path that is an output path, lies under it, or matches it with `*` for a foreach item."""
+    import fnmatch
+
+    return dep == out or dep.startswith(out.rstrip("/") + "/") or fnmatch.fnmatch(dep, out)
+
+
+DVC_TABLES = {"params": params_table, "dag": dag_diagram}  # from dvc.yaml and params.yaml
 
 TABLES = {
     "bundle": bundle_table,
@@ -669,9 +731,24 @@ PICTURE_TITLES = {
 }
 
 
-def render(text: str, root: Path = Path("."), files: dict | None = None) -> tuple[str, list[str]]:
-    """README text with every generated block rendered from `root`'s records -> (text, blocks changed).
-    `files`, when given, receives {path: SVG text} of each picture the README shows."""
+def block_names() -> list[str]:
+    """Every generated block there is: each appears once across README.md and docs/."""
+    return [
+        *TABLES,
+        *BENCH_TABLES,
+        *WEIGHTS_TABLES,
+        *LATENCY_TABLES,
+        *DVC_TABLES,
+        *(f"picture_{k}" for k in PICTURES),
+    ]
+
+
+def render(
+    text: str, root: Path = Path("."), files: dict | None = None, document: Path = README
+) -> tuple[str, list[str]]:
+    """A document's text with every generated block rendered from `root`'s records -> (text, blocks
+    changed). `files`, when given, receives {path: SVG text} of each picture it shows; `document`, its
+    path, makes the pictures' links relative to it."""
     changed = []
     records: dict = {}  # read when a block needs them: the pipeline's metrics, the benchmark
 
@@ -688,7 +765,8 @@ def render(text: str, root: Path = Path("."), files: dict | None = None) -> tupl
                 files[path] = drawn
             if not (root / path).is_file() or (root / path).read_text() != drawn:
                 changed.append(name)
-            return m.group(1) + f"![{PICTURE_TITLES[key]}]({path.as_posix()})\n" + m.group(4)
+            link = Path(os.path.relpath(path, document.parent)).as_posix()
+            return m.group(1) + f"![{PICTURE_TITLES[key]}]({link})\n" + m.group(4)
         if name in BENCH_TABLES:
             if "bench" not in records:
                 records["bench"] = read_bench(root)
@@ -707,16 +785,7 @@ def render(text: str, root: Path = Path("."), files: dict | None = None) -> tupl
                 records["run"] = run_line(root)
             body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
-            kinds = [
-                *TABLES,
-                *BENCH_TABLES,
-                *WEIGHTS_TABLES,
-                *LATENCY_TABLES,
-                *DVC_TABLES,
-                *(f"picture_{k}" for k in PICTURES),
-            ]
-            known = ", ".join(kinds)
-            raise ClefError(f"README block `{name}` has no table; known: {known}")
+            raise ClefError(f"{document}: block `{name}` has no table; known: {', '.join(block_names())}")
         if body != m.group("body"):
             changed.append(name)
         return m.group(1) + body + m.group(4)
@@ -731,15 +800,20 @@ def main() -> None:
     if not README.is_file():
         raise ClefError(f"no {README} here: run it from the repository's top directory (make readme)")
     files: dict[Path, str] = {}
-    text, changed = render(README.read_text(), files=files)
+    rendered = {doc: render(doc.read_text(), files=files, document=doc) for doc in documents()}
+    changed = [f"{doc}: {name}" for doc, (_, names) in rendered.items() for name in names]
     if a.check:
         if changed:
-            raise ClefError(f"README tables differ from results/: {', '.join(changed)} (make readme rewrites them)")
+            raise ClefError(f"generated tables differ from results/: {', '.join(changed)} (make readme rewrites them)")
         return
     for path, drawn in files.items():
         atomic.write_text(path, drawn)
-    atomic.write_text(README, text)
-    print(f"README.md: {len(changed)} generated tables rewritten" + (f" ({', '.join(changed)})" if changed else ""))
+    for doc, (text, _) in rendered.items():
+        atomic.write_text(doc, text)
+    print(
+        f"{len(rendered)} documents: {len(changed)} generated tables rewritten"
+        + (f" ({', '.join(changed)})" if changed else "")
+    )
 
 
 if __name__ == "__main__":

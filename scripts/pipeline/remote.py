@@ -27,7 +27,9 @@ def check(repo_root: Path, name: str | None = None) -> str:
         configured = repo.config["remote"]
         name = name or repo.config["core"].get("remote")
         if not name:
-            raise ClefError("no default DVC remote: add one with `dvc remote add -d NAME URL` (README, Sharing)")
+            raise ClefError(
+                'no default DVC remote: add one with `dvc remote add -d NAME URL` (docs/pipeline.md, "DVC")'
+            )
         if name not in configured:
             raise ClefError(f"no DVC remote {name!r}; configured: {', '.join(configured) or 'none'}")
         url = configured[name]["url"]

@@ -128,7 +128,7 @@ def graph_digests(path: Path) -> dict[str, str]:
 
 
 # zstd level 1: a release is mostly fp32 weights widened from bf16; on a real-width graph level 1
-# keeps fewer bytes than gzip's level 1 at several times its speed (README, "The release"), and zstd's
+# keeps fewer bytes than gzip's level 1 at several times its speed (docs/release.md, "The release"), and zstd's
 # multithreaded mode uses every core. Its output does not depend on the number of workers, so the
 # tarball is byte-identical on any machine (tests/test_release.py).
 TARBALL_SUFFIX = ".tar.zst"
