@@ -193,6 +193,33 @@ def pipeline(tmp_path_factory, release_keys) -> dict:
     return {"repo": repo, "log": proc.stdout, "stderr": proc.stderr, "public_key": release_keys[1]}
 
 
+# ---- the release the session's pipeline built (tests/test_release.py, tests/test_clef.py) ----------
+
+
+@pytest.fixture
+def built(pipeline) -> Path:
+    return pipeline["repo"] / "artifacts" / "release"
+
+
+ROW = "row_L64"  # the graph the tampering tests use
+
+
+def graph_file(root: Path, name: str = ROW) -> str:
+    """The release path of the file that holds graph `name` (the bundle, by default)."""
+    from scripts.release import reader
+
+    return reader.load_manifest(root)["artifacts"][name]["file"]
+
+
+@pytest.fixture
+def release_copy(built, tmp_path) -> Path:
+    """A writable copy to tamper with (DVC leaves the release's files read-only)."""
+    shutil.copytree(built, tmp_path / "release")
+    for f in (tmp_path / "release").rglob("*"):
+        f.chmod(0o755 if f.is_dir() else 0o644)
+    return tmp_path / "release"
+
+
 def pytest_collection_modifyitems(items):
     """`pipeline` on every test that needs the session's dvc repro, however indirectly: `make test-fast`
     leaves them out."""
