@@ -15,9 +15,10 @@ import gc
 
 from scripts.checkpoint import snapshot
 from scripts.checks import gpu_check, model_check, tflite_check
+from scripts.checks.finish import CheckResult, finish
 from scripts.layers import kernel_form
 from scripts.litert import sections, tflite_file
-from scripts.pipeline import atomic, layout, measure, metrics, params
+from scripts.pipeline import layout, measure, params
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.qwen35 import pair_graph, patch, text_stack
@@ -119,9 +120,9 @@ def main() -> None:
     graph.close()
     by_mode = {mode: run.fully_accelerated for mode, run in runs.items()}
     device = runs["fp32"].device
-    figures, problems = gpu_check.summary(rows, bounds)
+    found, problems = gpu_check.summary(rows, bounds)
     for mode, run in runs.items():
-        figures["modes"][mode].update(fully_accelerated=run.fully_accelerated, probe=run.proof.as_dict())
+        found["modes"][mode].update(fully_accelerated=run.fully_accelerated, probe=run.proof.as_dict())
     accelerated = all(by_mode.values())
     if not accelerated:
         problems.insert(0, "is_fully_accelerated() is false")
@@ -147,39 +148,35 @@ def main() -> None:
         "accelerator_seconds": {mode: round(run.seconds, 3) for mode, run in runs.items()},
         "threshold_fp32": limit,
         "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"],
-        **figures,
+        **found,
         "rows": rows,
     }
-    atomic.write_json(layout.gpu_result_path(name), doc)
-    metrics.write(
-        name,
-        passed=doc["passed"],
-        max_rel=figures["fp32_max_rel_vs_torch"],
+    figures = dict(
+        max_rel=found["fp32_max_rel_vs_torch"],
         threshold=limit,
-        max_rel_per_position=figures["fp32_max_rel_per_position_vs_torch"],
+        max_rel_per_position=found["fp32_max_rel_per_position_vs_torch"],
         threshold_per_position=bounds["max_rel_per_position_fp32"],
-        fp16_max_rel=figures["fp16_max_rel_vs_f64"],
-        fp16_over_floor=figures["fp16_over_floor"],
-        mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
+        fp16_max_rel=found["fp16_max_rel_vs_f64"],
+        fp16_over_floor=found["fp16_over_floor"],
+        mixed_over_floor=found["modes"]["mixed"]["over_floor"],
         fully_accelerated=accelerated,
         layers_checked=doc["layers_checked"],
         **({"L": a.length} if is_row else {"P": a.prefix, "S": a.suffix}),
     )
-    print(
+    line = (
         f"verify_gpu {path.name} on {device['adapter']}, layers {doc['layers_checked']} of {doc['layers']}: "
         f"fully accelerated {accelerated}; fp32 max rel vs torch "
-        f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
+        f"{found['fp32_max_rel_vs_torch']:.2e}, per position {found['fp32_max_rel_per_position_vs_torch']:.2e} "
         f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); "
-        f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}; "
+        f"floor (torch float16) {found['floor_max_rel_vs_f64']:.3g}; "
         + "; ".join(
-            f"{m} vs float64 {figures['modes'][m]['max_rel_vs_f64']:.3g}, {figures['modes'][m]['over_floor']:.2f}x the "
-            f"floor ({figures['modes'][m]['over_floor_per_position']:.2f}x per position)"
+            f"{m} vs float64 {found['modes'][m]['max_rel_vs_f64']:.3g}, {found['modes'][m]['over_floor']:.2f}x the "
+            f"floor ({found['modes'][m]['over_floor_per_position']:.2f}x per position)"
             for m in gpu_check.HALF_MODES
         )
         + f" (target {over_floor:g}x; held to it: {', '.join(bounds['held_to_floor']) or 'none'})"
     )
-    if problems:
-        raise ClefError(f"verify_gpu {path}: {problems[0]} ({len(problems)} problems)")
+    finish(CheckResult(f"verify_gpu {path.name}", name, doc, layout.gpu_result_path(name), figures, [line], problems))
 
 
 def refused(name: str, path, census: dict, weights: str, form: str, refusal: str, a) -> None:
@@ -198,9 +195,17 @@ def refused(name: str, path, census: dict, weights: str, form: str, refusal: str
         "refused": refusal,
         "signatures": sorted(census["signatures"]),
     }
-    atomic.write_json(layout.gpu_result_path(name), doc)
-    metrics.write(name, passed=True, fully_accelerated=False, **shape)
-    print(f"verify_gpu {path.name}: weights {weights}: the GPU accelerator refuses it: {refusal}")
+    line = f"verify_gpu {path.name}: weights {weights}: the GPU accelerator refuses it: {refusal}"
+    finish(
+        CheckResult(
+            f"verify_gpu {path.name}",
+            name,
+            doc,
+            layout.gpu_result_path(name),
+            dict(fully_accelerated=False, **shape),
+            [line],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ in some regime, or when its memory-cut control does not break the bound by contr
 
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, kernel_check
+from scripts.checks.finish import CheckResult, finish
 from scripts.layers import kernel_form
-from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline import layout, params
 from scripts.pipeline.harness import run_stage
 
 
@@ -29,14 +29,9 @@ def main() -> None:
     }
     rows = kernel_check.check(heads, forms, control_form=form)
     summary = kernel_check.summarize(rows, form, limits, min_over)
-    atomic.write_json(
-        layout.result_path("kernel"), {"heads": heads, "revision": rec["revision"], "summary": summary, "rows": rows}
-    )
     worst = summary["max_rel_vs_f64"][form]
     control = summary["control_memory_cut"]
-    metrics.write(
-        "kernel",
-        passed=summary["passed"],
+    figures = dict(
         max_rel=worst["out"],
         max_rel_per_position=worst["out_per_position"],
         max_rel_state=worst["state"],
@@ -46,15 +41,19 @@ def main() -> None:
         fp16_max_rel=summary["fp16"][form]["max_out_rel_vs_f64"],
         fp16_finite=summary["fp16"][form]["all_finite"],
     )
-    print(
+    line = (
         f"verify_kernel: {form} max rel vs float64 out {worst['out']:.2e} "
         f"(per position {worst['out_per_position']:.2e}) "
         f"state {worst['state']:.2e} (bounds {limits['rel_vs_f64']:g}, {limits['rel_per_position_vs_f64']:g}); fp16 "
         f"finite: {summary['fp16'][form]['all_finite']}; memory-cut control {compare.shown(control['rel_vs_f64'])} "
         f"({compare.shown(control['over_threshold'])}x the bound)"
     )
-    if not summary["passed"]:
-        raise ClefError(f"verify_kernel failed: {summary['failures'][0]} ({len(summary['failures'])} problems)")
+    record = {"heads": heads, "revision": rec["revision"], "summary": summary, "rows": rows}
+    finish(
+        CheckResult(
+            "verify_kernel", "kernel", record, layout.result_path("kernel"), figures, [line], summary["failures"]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ controls.min_over_threshold."""
 
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
+from scripts.checks.finish import CheckResult, finish
 from scripts.layers import kernel_form
-from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline import layout, params
 from scripts.pipeline.harness import run_stage
 from scripts.qwen35 import text_stack
 
@@ -48,10 +48,7 @@ def main() -> None:
         "all_finite": all(r["finite"] for r in rows),
         "interleave_calls_per_forward": sorted({r["interleave_calls"] for r in rows}),
     }
-    atomic.write_json(layout.result_path("layers"), {"revision": rec["revision"], "summary": summary, "rows": rows})
-    metrics.write(
-        "layers",
-        passed=summary["passed"],
+    figures = dict(
         max_rel=worst["rel_vs_stock_f64"],
         max_rel_per_position=worst["rel_per_position_vs_stock_f64"],
         threshold=limits["rel_vs_stock_f64"],
@@ -59,17 +56,16 @@ def main() -> None:
         control_over_threshold=summary["control_memory_cut"]["over_threshold"],
         max_rel_fp32=worst["rel_vs_stock_fp32"],
     )
-    print(
+    line = (
         f"verify_layers: {form} on {len(summary['layers'])} GatedDeltaNets: max rel vs stock float64 "
         f"{worst['rel_vs_stock_f64']:.2e}, per position {worst['rel_per_position_vs_stock_f64']:.2e} (bounds "
         f"{limits['rel_vs_stock_f64']:g}, {limits['rel_per_position_vs_stock_f64']:g}); vs stock fp32 "
         f"{worst['rel_vs_stock_fp32']:.2e}, stock fp32 vs its float64 {worst['rel_stock_fp32_vs_f64']:.2e}; "
         f"memory-cut control {compare.shown(control)} "
-        f"({compare.shown(summary['control_memory_cut']['over_threshold'])}x "
-        "the bound)"
+        f"({compare.shown(summary['control_memory_cut']['over_threshold'])}x the bound)"
     )
-    if fails:
-        raise ClefError(f"verify_layers failed: {fails[0]} ({len(fails)} problems)")
+    record = {"revision": rec["revision"], "summary": summary, "rows": rows}
+    finish(CheckResult("verify_layers", "layers", record, layout.result_path("layers"), figures, [line], fails))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ or when the memory-cut control does not break the global bound by controls.min_o
 
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
+from scripts.checks.finish import CheckResult, finish
 from scripts.layers import kernel_form
-from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline import layout, params
 from scripts.pipeline.harness import run_stage
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
@@ -54,10 +54,7 @@ def main() -> None:
         },
         "all_finite": all(r["finite"] for r in rows),
     }
-    atomic.write_json(layout.result_path("model"), {"revision": rec["revision"], "summary": summary, "rows": rows})
-    metrics.write(
-        "model",
-        passed=summary["passed"],
+    figures = dict(
         max_rel=compare.worst(vs, "rel_vs_stock_f64"),
         max_rel_per_position=compare.worst(vs, "rel_per_position_vs_stock_f64"),
         threshold=limits["rel_vs_stock_f64"],
@@ -65,16 +62,16 @@ def main() -> None:
         control_over_threshold=summary["control_memory_cut"]["over_threshold"],
         max_rel_fp32=compare.worst(vs, "rel_vs_stock_fp32"),
     )
-    for n in map(str, lengths):
-        print(
-            f"verify_model L={n}: rel vs stock float64 {summary['max_rel_vs_stock_f64'][n]:.2e}, per position "
-            f"{summary['max_rel_per_position_vs_stock_f64'][n]:.2e}; "
-            f"vs stock fp32 {summary['max_rel_vs_stock_fp32'][n]:.2e} "
-            f"(stock fp32 vs its float64 {summary['max_rel_stock_fp32_vs_f64'][n]:.2e}); memory-cut control "
-            f"{compare.shown(summary['max_control_memory_cut_rel_vs_stock_f64'][n])}"
-        )
-    if fails:
-        raise ClefError(f"verify_model failed: {fails[0]} ({len(fails)} problems)")
+    lines = [
+        f"verify_model L={n}: rel vs stock float64 {summary['max_rel_vs_stock_f64'][n]:.2e}, per position "
+        f"{summary['max_rel_per_position_vs_stock_f64'][n]:.2e}; "
+        f"vs stock fp32 {summary['max_rel_vs_stock_fp32'][n]:.2e} "
+        f"(stock fp32 vs its float64 {summary['max_rel_stock_fp32_vs_f64'][n]:.2e}); memory-cut control "
+        f"{compare.shown(summary['max_control_memory_cut_rel_vs_stock_f64'][n])}"
+        for n in map(str, lengths)
+    ]
+    record = {"revision": rec["revision"], "summary": summary, "rows": rows}
+    finish(CheckResult("verify_model", "model", record, layout.result_path("model"), figures, lines, fails))
 
 
 if __name__ == "__main__":

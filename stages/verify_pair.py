@@ -11,10 +11,10 @@ import torch
 
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, pair_check, tflite_check
+from scripts.checks.finish import CheckResult, finish
 from scripts.layers import kernel_form
 from scripts.litert import tflite_file
-from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline import layout, params
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.progress import Phases
 from scripts.qwen35 import pair_graph, patch
@@ -143,13 +143,8 @@ def main() -> None:
         "controls_required_over_threshold": min_over,
     }
     name = layout.pair_name(a.prefix, a.suffix)
-    atomic.write_json(
-        layout.result_path(name),
-        {"summary": summary, "census": census, "metadata": meta, "reference_record": reference, "rows": rows},
-    )
-    metrics.write(
-        name,
-        passed=summary["passed"],
+    record = {"summary": summary, "census": census, "metadata": meta, "reference_record": reference, "rows": rows}
+    figures = dict(
         max_rel=compare.largest(summary["max_rel_vs_row"].values()),
         threshold=limit,
         max_rel_per_position=compare.largest(summary["max_rel_per_position_vs_row"].values()),
@@ -167,14 +162,14 @@ def main() -> None:
         k: {b: f"{v:.2e}" for b, v in summary[k].items()}
         for k in ("max_rel_vs_row", "max_rel_per_position_vs_row", "max_rel_state_vs_stock_f64")
     }
-    print(
+    line = (
         f"verify_pair P={a.prefix} S={a.suffix}: chaining max rel {shown['max_rel_vs_row']}, per position "
         f"{shown['max_rel_per_position_vs_row']}, state vs transformers float64 {shown['max_rel_state_vs_stock_f64']}; "
         f"controls {', '.join(f'{k} {v:.3g}' for k, v in found.items())}; {census['op_total']} ops, "
         f"max rank {census['max_rank']}"
     )
-    if problems:
-        raise ClefError(f"verify_pair P={a.prefix} S={a.suffix} failed: {problems[0]} ({len(problems)} problems)")
+    stage = f"verify_pair P={a.prefix} S={a.suffix}"
+    finish(CheckResult(stage, name, record, layout.result_path(name), figures, [line], problems))
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ import gc
 
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check, quantization_effect, tflite_check
+from scripts.checks.finish import CheckResult, finish
 from scripts.layers import kernel_form, weight_precision
 from scripts.litert import tflite_file
-from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline import layout, params
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.progress import Phases
 from scripts.qwen35 import patch, row_graph
@@ -130,11 +130,8 @@ def main() -> None:
         "reference_record": reference,
         "latency": timing,
     }
-    atomic.write_json(layout.result_path(f"tflite_L{length}"), doc)
     gdn_ops = sorted(set(census["ops_per_gdn_layer"].values()))
-    metrics.write(
-        f"tflite_L{length}",
-        passed=doc["passed"],
+    figures = dict(
         max_rel=doc["max_rel_vs_torch"],
         threshold=limit,
         max_rel_per_position=doc["max_rel_per_position_vs_torch"],
@@ -148,7 +145,7 @@ def main() -> None:
         torch_over_litert=timing["torch_over_litert"],
         litert_ms=1e3 * timing["litert_median_s"],
     )
-    print(
+    line = (
         f"verify_tflite L={length}: max rel vs torch {doc['max_rel_vs_torch']:.2e}, per position "
         f"{doc['max_rel_per_position_vs_torch']:.2e} (bounds {limit:g}, {limits['rel_per_position_vs_torch']:g}); "
         f"memory-cut control {compare.shown(control)}; "
@@ -156,8 +153,8 @@ def main() -> None:
         f"torch/litert time {timing['torch_over_litert']:.2f}x; weights {p['weights']}: top-1 agreement with "
         f"the unquantized model {doc['quantization_effect']['min_top1_agreement']:.3f}"
     )
-    if problems:
-        raise ClefError(f"verify_tflite L={length} failed: {problems[0]} ({len(problems)} problems)")
+    name = f"tflite_L{length}"
+    finish(CheckResult(f"verify_tflite L={length}", name, doc, layout.result_path(name), figures, [line], problems))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""The one way a verify stage ends: its record written, its metrics row, its result in a line (or a
+line per length), then the stage refused when the check found a problem.
+
+In that order, so a check that fails still leaves its figures for `dvc metrics show` and for whoever
+reads the record to see why; the refusal names the first problem and how many there were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts.pipeline import atomic, metrics
+from scripts.pipeline.errors import ClefError
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a verify stage found, ready to be finished."""
+
+    stage: str  # how the result names the check: "verify_tflite L=64"
+    name: str  # its metrics row: results/metrics/<name>.json
+    record: dict  # the detailed record
+    record_path: Path  # where the record goes (layout.result_path(name); results/gpu/ for the GPU's)
+    figures: dict  # the metrics row's figures (scripts/pipeline/metrics.py KEYS); `passed` is added
+    lines: list[str]  # the result, one line each
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def finish(result: CheckResult) -> None:
+    """Write the record and the metrics row, print the result, and fail the stage on a problem."""
+    atomic.write_json(result.record_path, result.record)
+    metrics.write(result.name, passed=result.passed, **result.figures)
+    for line in result.lines:
+        print(line, flush=True)
+    if result.problems:
+        raise ClefError(f"{result.stage} failed: {result.problems[0]} ({len(result.problems)} problems)")
