@@ -235,11 +235,14 @@ def test_pipeline_end_to_end(pipeline):
         for name in gpu[len(params["lengths"]) :]
         for s in json.loads((repo / layout.gpu_result_path(name)).read_text())["signatures"]
     } == {"prefix", "suffix"}
-    # every signature of every graph timed by litert-benchmark: percentiles in order, every op on the CPU
+    # every signature of every graph timed by litert-benchmark: percentiles in order; a row graph has every
+    # op on the CPU accelerator, a pair's delegation is recorded as the tool reports it (not all: docs/release.md)
     latency = json.loads((repo / layout.result_path("latency")).read_text())
     signatures = len(params["lengths"]) + 2 * len(params["pairs"])
     assert latency["tool"] == "litert-benchmark" and len(latency["rows"]) == signatures
-    assert all(0 < r["p5_ms"] <= r["median_ms"] <= r["p95_ms"] and r["fully_accelerated"] for r in latency["rows"])
+    assert all(0 < r["p5_ms"] <= r["median_ms"] <= r["p95_ms"] for r in latency["rows"])
+    assert all(r["fully_accelerated"] is True for r in latency["rows"] if r["kind"] == "row")
+    assert all(isinstance(r["fully_accelerated"], bool) for r in latency["rows"])
     # a pair stores its weights once: about the size of one row graph, not two
     small = min(params["pairs"], key=lambda q: q["prefix"])
     pair_bytes = (repo / "artifacts/pairs" / f"pair_P{small['prefix']}_S{small['suffix']}.tflite").stat().st_size
