@@ -77,12 +77,19 @@ def read_bench(root: Path) -> dict:
     return bench
 
 
+def read_manifest(root: Path) -> dict:
+    """The release manifest of `root`'s last run: the tables name its commit, the pictures draw its figures."""
+    from scripts.release.reader import MANIFEST
+
+    path = root / layout.RELEASE / MANIFEST
+    if not path.is_file():
+        raise ClefError(f"no {path}: the tables name the run that made the release; run `dvc repro` first")
+    return json.loads(path.read_text())
+
+
 def run_line(root: Path) -> str:
     """Which run the figures are from: the release manifest's commit (the last stage of the run)."""
-    manifest = root / layout.RELEASE / "manifest.json"
-    if not manifest.is_file():
-        raise ClefError(f"no {manifest}: the tables name the run that made the release; run `dvc repro` first")
-    git = json.loads(manifest.read_text()).get("git", {})
+    git = read_manifest(root).get("git", {})
     commit, clean = (git.get("commit") or "unknown")[:7], git.get("clean")
     state = "clean" if clean else "with uncommitted changes" if clean is False else "outside git"
     return f"From the `dvc repro` at commit {commit} ({state}); `results/metrics/`, rendered by `make readme`."
@@ -505,13 +512,8 @@ def bundle_table(rows: dict) -> str:
 
 
 def read_release(root: Path) -> dict:
-    """The release manifest's graph entries (artifacts/release/manifest.json)."""
-    from scripts.release.reader import MANIFEST
-
-    path = root / layout.RELEASE / MANIFEST
-    if not path.is_file():
-        raise ClefError(f"no {path}: run `make release` first")
-    return json.loads(path.read_text())["artifacts"]
+    """The release manifest's graph entries (read_manifest)."""
+    return read_manifest(root)["artifacts"]
 
 
 def read_weights(root: Path) -> dict:
