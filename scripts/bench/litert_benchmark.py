@@ -55,7 +55,7 @@ def reason(output: str) -> str:
 
 def run(path: Path, signature: str, runs: int, warmup: int, threads: int) -> dict:
     """One signature of the graph at `path` on the CPU accelerator -> {signature, fully_accelerated,
-    num_threads, and FIGURES in ms}. A failed run is one line naming the graph, with the tool's last line."""
+    num_threads, and FIGURES in ms}. A failed run is one line naming the graph, with the tool's reason."""
     with tempfile.TemporaryDirectory(prefix="clef-benchmark-") as tmp:
         result = Path(tmp) / "result.json"
         done = subprocess.run(
