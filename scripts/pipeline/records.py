@@ -1,0 +1,83 @@
+"""Typed records: what one stage writes and another reads, as dataclasses with one JSON schema.
+
+A record is written with `to_json` (its fields, nested records included, under their own names) and
+read back with `read`/`from_json`, which refuses a document missing a field with one line naming the
+file and the field: a renamed key surfaces where it is read, not as a KeyError three stages later.
+Keys a reader does not know are kept out of the record and do not fail it, so an older reader takes a
+newer file. SCHEMA is the version of these shapes; a record that carries `schema` is held to it.
+
+Each record lives beside the code that makes it (scripts/checks/*, scripts/release/*, scripts/bench/*)
+and subclasses Record; this module holds only the mechanism, so it imports nothing of ours but errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from scripts.pipeline.errors import ClefError
+
+SCHEMA = 1
+R = TypeVar("R", bound="Record")
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as JSON holds it: records as their fields, tuples as lists, paths as strings."""
+    if isinstance(value, Record):
+        return value.to_json()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _record_type(hint: Any) -> type[Record] | None:
+    """The Record class a field's annotation names, directly or as `X | None`, else None."""
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        found = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, Record)]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+class Record:
+    """Mixin for a dataclass that crosses a stage boundary as JSON."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's fields, in declaration order, as JSON holds them."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls: type[R], doc: Any, where: str) -> R:
+        """The record `doc` holds; one line naming `where` and the first field it lacks otherwise."""
+        if not isinstance(doc, dict):
+            raise ClefError(f"{where}: expected a {cls.__name__} record (a JSON object), got {type(doc).__name__}")
+        if "schema" in doc and doc["schema"] != SCHEMA:
+            raise ClefError(f"{where}: record schema {doc['schema']!r}, this clef reads schema {SCHEMA}")
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in doc:
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                    continue
+                raise ClefError(f"{where}: no `{f.name}` in the {cls.__name__} record; rerun the stage that writes it")
+            value, nested = doc[f.name], _record_type(hints[f.name])
+            values[f.name] = nested.from_json(value, f"{where}: {f.name}") if nested and value is not None else value
+        return cls(**values)
+
+    @classmethod
+    def read(cls: type[R], path: str | Path, producer: str | None = None) -> R:
+        """The record a stage wrote at `path`, or one line naming the stage that writes it."""
+        from scripts.pipeline import layout
+
+        return cls.from_json(json.loads(layout.require(path, producer).read_text()), str(path))
