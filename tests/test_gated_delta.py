@@ -71,7 +71,7 @@ def test_neumann_product_fails_where_block_inverse_holds():
 @pytest.mark.parametrize("regime", kernel_check.REGIMES)
 def test_release_form_matches_float64(regime):
     q, k, v, g, beta, s0 = inputs(regime, 200)
-    out_t, state_t = kernel_check.recurrence_f64(q, k, v, g, beta, s0)
+    out_t, state_t = gated_delta.recurrence_f64(q, k, v, g, beta, s0)
     out, state = kernel_check.run_form(kernel_form.parse("R64+sp+ec+dd+vs6"), (q, k, v, g, beta, s0))
     assert compare.rel(out, out_t) < 1e-5 and compare.rel(state, state_t) < 1e-5
 
@@ -82,7 +82,7 @@ def test_tail_that_is_not_a_chunk_multiple():
     full, _ = call("R64+ec+dd", q, k, v, g, beta, s0)
     cut, state = call("R64+ec+dd", *(x[:, :130] for x in (q, k, v, g, beta)), s0)
     assert cut.shape[1] == 130 and torch.allclose(cut, full[:, :130], atol=1e-6)
-    out_t, state_t = kernel_check.recurrence_f64(*(x[:, :130] for x in (q, k, v, g, beta)), s0)
+    out_t, state_t = gated_delta.recurrence_f64(*(x[:, :130] for x in (q, k, v, g, beta)), s0)
     assert compare.rel(state, state_t) < 1e-5
 
 
@@ -139,7 +139,7 @@ def test_ec_keeps_every_intermediate_finite_and_every_exp_argument_nonpositive()
     with Intermediates() as seen:
         out, state = call("R64+ec+dd", *data)
     assert seen.nonfinite == [] and seen.exp_max <= 0.0
-    out_t, state_t = kernel_check.recurrence_f64(*data)
+    out_t, state_t = gated_delta.recurrence_f64(*data)
     assert compare.rel(out, out_t) < 1e-5
 
 

@@ -243,3 +243,33 @@ def test_a_converted_model_is_freed_with_its_last_reference(tmp_path):
     del module
     gc.collect()
     assert weight() is None
+
+
+def test_the_content_digest_leaves_out_the_metadata_and_nothing_else(clean_model, tmp_path):
+    """Two exports of one graph at different commits have the same content digest; one changed weight
+    byte, inline or in the >2 GB layout's external data, changes it (what `scripts.litert.digests`
+    compares before and after a refactor)."""
+    meta = {"revision": "1" * 40, "git": {"commit": "a" * 40}}
+    paths = {}
+    for name, content in (
+        ("a", tflite_file.with_metadata(clean_model, meta)),
+        ("b", tflite_file.with_metadata(clean_model, {**meta, "git": {"commit": "b" * 40}})),
+    ):
+        paths[name] = tmp_path / f"{name}.tflite"
+        paths[name].write_bytes(content)
+    digest = tflite_file.content_digest
+    assert paths["a"].read_bytes() != paths["b"].read_bytes()
+    assert digest(paths["a"]) == digest(paths["b"])
+    ext = tmp_path / "ext.tflite"
+    ext.write_bytes(externalized(clean_model))
+    short, long = tmp_path / "short.tflite", tmp_path / "long.tflite"
+    tflite_file.write_with_metadata(ext, short, meta)
+    tflite_file.write_with_metadata(ext, long, {**meta, "note": "x" * 5000})  # the data moves further
+    assert tflite_file.read_head(short) != tflite_file.read_head(long)
+    assert digest(short) == digest(long)
+    for path, at in ((paths["a"], -100), (short, tflite_file._data_start(short.read_bytes()))):
+        data = bytearray(path.read_bytes())
+        data[at] ^= 1  # a byte of a buffer's data: inline near the end, or the first external buffer's
+        broken = tmp_path / f"broken_{path.name}"
+        broken.write_bytes(bytes(data))
+        assert digest(broken) != digest(path)

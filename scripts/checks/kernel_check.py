@@ -88,22 +88,6 @@ class Gate:
         return -A * softplus(x)
 
 
-def recurrence_f64(q, k, v, g, beta, s0):
-    """The gated delta rule token by token in float64: S <- S e^g; S <- S + k (beta (v - S^T k))^T; o = S^T q."""
-    q, k, v, g, beta = (x.to(torch.float64) for x in (q, k, v, g, beta))
-    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + gated_delta.L2NORM_EPS) * q.shape[-1] ** -0.5
-    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + gated_delta.L2NORM_EPS)
-    b, length, h, dk = k.shape
-    s = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64) if s0 is None else s0.to(torch.float64).clone()
-    outs = []
-    for t in range(length):
-        s = s * g[:, t].exp()[..., None, None]
-        delta = (v[:, t] - (s * k[:, t, :, :, None]).sum(-2)) * beta[:, t, :, None]
-        s = s + k[:, t, :, :, None] * delta[:, :, None, :]
-        outs.append((s * q[:, t, :, :, None]).sum(-2))
-    return torch.stack(outs, 1), s
-
-
 def run_form(form, inputs, dtype=torch.float32, scaled_state=True, kernel=None):
     """A form's kernel (or `kernel`, a variant of it) on `inputs` in `dtype`; -> (out, state) divided
     back by 2^vs, in float64.
@@ -151,7 +135,7 @@ def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = No
                     name, length, seed + case, heads["k"], heads["v"], heads["k_dim"], heads["v_dim"], init
                 )
                 q, k, v, g, beta, s0 = inputs
-                out_t, state_t = recurrence_f64(q, k, v, g, beta, s0)  # gate_extremes's gate exact in float64
+                out_t, state_t = gated_delta.recurrence_f64(q, k, v, g, beta, s0)  # gate_extremes's gate exact in float64
                 if isinstance(g, Gate):
                     g = g.to(torch.float32)
                 out_s, state_s = stock_kernel(

@@ -149,8 +149,160 @@ def pair_decay(pair: torch.Tensor, form: Form, const: ChunkConstants) -> torch.T
     return torch.exp(pair.masked_fill(const.upper_strict_bool, float("-inf")))
 
 
-def make_kernel(form: Form, carry_state: bool = True):
-    """The chunk kernel of `form`, with transformers' chunk-kernel signature.
+
+@dataclass(frozen=True)
+class Chunking:
+    """How a [B, L, H, ...] sequence lies chunk-major: B*H rows per chunk, L padded to whole chunks."""
+
+    batch: int
+    heads: int
+    length: int
+    chunk: int
+
+    @property
+    def pad(self) -> int:  # padded tokens: g = 0 (no decay), beta = 0 (no update), so the state passes through
+        return (self.chunk - self.length % self.chunk) % self.chunk
+
+    @property
+    def chunks(self) -> int:
+        return (self.length + self.pad) // self.chunk
+
+    @property
+    def rows(self) -> int:  # B*H: one chunk's rows
+        return self.batch * self.heads
+
+    def to_chunks(self, x: torch.Tensor, tail_dims: tuple[int, ...]) -> torch.Tensor:
+        """[B, L, H, *D] -> [N * B*H, C, *D]: chunk i is rows [i BH, (i + 1) BH), one contiguous slice, and
+        rank 3, so every batched matmul after it runs without the reshapes a rank-4 operand costs."""
+        bh, c, n = self.rows, self.chunk, self.chunks
+        x = x.transpose(1, 2).reshape(bh, self.length, *(tail_dims or (1,)))
+        # zeros joined by concatenation, not PAD: LiteRT's GPU accelerator refuses a rank-2 PAD and,
+        # measured on it, computes a rank-3 one wrong (verify_gpu and tests/test_gpu_accelerator.py)
+        if self.pad:
+            x = torch.cat([x, torch.zeros(bh, self.pad, x.shape[-1], dtype=x.dtype)], dim=1)
+        x = x.reshape(bh, n, c, *tail_dims).transpose(0, 1)
+        return x.reshape(n * bh, c, *tail_dims)
+
+    def from_chunks(self, out: torch.Tensor) -> torch.Tensor:
+        """[N * B*H, C, Dv] -> [B, L, H, Dv], the padding dropped."""
+        b, h, dv = self.batch, self.heads, out.shape[-1]
+        out = out.reshape(self.chunks, b * h, self.chunk, dv).transpose(0, 1)
+        out = out.reshape(b * h, self.chunks * self.chunk, dv)[:, : self.length]
+        return out.reshape(b, h, self.length, dv).transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class InChunk:
+    """What every chunk computes from its own tokens, for all chunks at once (none of it reads the state)."""
+
+    q: torch.Tensor  # [.., C, Dk] scaled by Dk^-0.5
+    k: torch.Tensor  # [.., C, Dk]
+    k_beta: torch.Tensor  # [.., C, Dk] k * beta
+    prefix: torch.Tensor  # [.., C] log-decay from the chunk's start to each token
+    total: torch.Tensor  # [..] log-decay over the whole chunk
+    tail: torch.Tensor  # [.., C] log-decay from each token to the chunk's end
+    t_mat: torch.Tensor  # [.., C, C] (I - N)^-1
+    u: torch.Tensor  # [.., C, Dv] T (v beta): the chunk's new values against a zero state
+    intra: torch.Tensor  # [.., C, C] (q k^T) masked by the in-chunk decay
+
+
+def in_chunk(q, k, v, beta, g, form: Form, const: ChunkConstants) -> InChunk:
+    """The in-chunk solve on chunked tensors [.., C, D] (any leading dims): decays, the strictly lower
+    N = -(k beta k^T) x decay, T = (I - N)^-1, u = T v beta and the masked q k^T."""
+    pair, prefix, total, tail = decays(g, form, const)
+    gamma = pair_decay(pair, form, const)  # [.., C, C]
+    k_beta = k * beta.unsqueeze(-1)
+    n_mat = -(k_beta @ k.transpose(-1, -2)) * gamma * const.strict_lower.to(q.dtype)
+    t_mat = (loop_inverse if form.loop else block_inverse)(n_mat, const)
+    u = t_mat @ (v * beta.unsqueeze(-1))
+    intra = (q @ k.transpose(-1, -2)) * gamma
+    return InChunk(q, k, k_beta, prefix, total, tail, t_mat, u, intra)
+
+
+def decayed(ic: InChunk, form: Form):
+    """-> (w [.., C, Dk], q decayed to the chunk's start [.., C, Dk], k_tail [.., Dk, C]): the terms
+    that meet the state entering the chunk."""
+    to_start = decay_exp(ic.prefix, form).unsqueeze(-1)
+    w = ic.t_mat @ (ic.k_beta * to_start)
+    k_tail = (ic.k * decay_exp(ic.tail, form).unsqueeze(-1)).transpose(-1, -2)
+    return w, ic.q * to_start, k_tail
+
+
+def carry(ic: InChunk, form: Form) -> torch.Tensor:
+    """exp(total) [.., 1, 1]: how much of the state survives a chunk."""
+    return decay_exp(ic.total, form).unsqueeze(-1).unsqueeze(-1)
+
+
+def state_loop(ic: InChunk, form: Form, chunks: int, state, carry_state: bool = True):
+    """The stock kernel's order, chunk by chunk: v_new = u - w S, out = q_dec S + intra v_new,
+    S <- carry S + k_tail v_new. -> (out [N BH, C, Dv], final state [BH, Dk, Dv])."""
+    bh = ic.u.shape[0] // chunks
+    w, q_decayed, k_tail = decayed(ic, form)
+    keep = carry(ic, form)
+    if state is None:
+        state = torch.zeros(bh, ic.k.shape[-1], ic.u.shape[-1], dtype=ic.u.dtype)
+    outs = []
+    for i in range(chunks):
+        rows = slice(i * bh, (i + 1) * bh)
+        if i and not carry_state:
+            state = torch.zeros_like(state)
+        v_new = ic.u[rows] - w[rows] @ state
+        outs.append(q_decayed[rows] @ state + ic.intra[rows] @ v_new)
+        state = state * keep[rows] + k_tail[rows] @ v_new
+    return torch.cat(outs, dim=0), state
+
+
+def state_unrolled(ic: InChunk, form: Form, chunks: int, state, final: bool, carry_state: bool = True):
+    """The stock order regrouped so that only the states are sequential. With S_i the state entering
+    chunk i: out_i = intra_i u_i + read_i S_i, read_i = q_dec_i - intra_i w_i, S_i+1 = step_i S_i + write_i,
+    step_i = carry_i I - k_tail_i w_i, write_i = k_tail_i u_i. read, step and write are computed for all
+    chunks at once; the unrolled loop holds one matmul and one add per chunk, and one matmul reads every
+    chunk's state. -> (out [N BH, C, Dv], final state or the last state computed)."""
+    out = ic.intra @ ic.u
+    if chunks == 1 and state is None and not final:
+        return out, state
+    bh, dk, dv = ic.u.shape[0] // chunks, ic.k.shape[-1], ic.u.shape[-1]
+    dtype = ic.u.dtype
+    w, q_decayed, k_tail = decayed(ic, form)
+
+    def per_chunk(x):  # slices, not torch.split: the converter fails on a split into one piece
+        return [x[i * bh : (i + 1) * bh] for i in range(chunks)]
+
+    keep = carry(ic, form)
+    # identity from numpy: a constant in the graph (torch.eye would trace to an IOTA op)
+    eye = torch.from_numpy(np.eye(dk, dtype=np.float32)).to(dtype)
+    step = per_chunk(keep * eye - k_tail @ w)
+    write = per_chunk(k_tail @ ic.u)
+    entering = []  # S_i per chunk (a zero block where S_i is zero)
+    for i in range(chunks):  # unrolled at a fixed L
+        if i and not carry_state:
+            state = None
+        entering.append(torch.zeros(bh, dk, dv, dtype=dtype) if state is None else state)
+        if i < chunks - 1 or final:
+            state = write[i] if state is None else step[i] @ state + write[i]
+    return out + (q_decayed - ic.intra @ w) @ torch.cat(entering, dim=0), state
+
+
+def recurrence_f64(q, k, v, g, beta, s0):
+    """The reference the kernels are held to: the gated delta rule token by token in float64,
+    S <- S e^g; S <- S + k (beta (v - S^T k))^T; o = S^T q (q, k l2-normed, q scaled by Dk^-0.5)."""
+    q, k, v, g, beta = (x.to(torch.float64) for x in (q, k, v, g, beta))
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS) * q.shape[-1] ** -0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS)
+    b, length, h, dk = k.shape
+    s = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64) if s0 is None else s0.to(torch.float64).clone()
+    outs = []
+    for t in range(length):
+        s = s * g[:, t].exp()[..., None, None]
+        delta = (v[:, t] - (s * k[:, t, :, :, None]).sum(-2)) * beta[:, t, :, None]
+        s = s + k[:, t, :, :, None] * delta[:, :, None, :]
+        outs.append((s * q[:, t, :, :, None]).sum(-2))
+    return torch.stack(outs, 1), s
+
+
+@dataclass(frozen=True)
+class ChunkKernel:
+    """The chunk kernel of `form`, called with transformers' chunk-kernel signature.
 
     carry_state=False zeroes the state at every chunk boundary: not a form, the fault verification
     injects on purpose to show that its checks see a lost memory (scripts/checks/controls.py).
@@ -159,11 +311,21 @@ def make_kernel(form: Form, carry_state: bool = True):
     [B, L, H], initial_state [B, H, Dk, Dv] (2^vs x stock under vs<k>). Returns (out [B, L, H, Dv],
     final state [B, H, Dk, Dv] or None), both 2^vs x stock. Computes in the inputs' dtype.
     """
-    c = form.chunk
-    const = chunk_constants(c)
-    inverse = loop_inverse if form.loop else block_inverse
 
-    def kernel(
+    form: Form
+    carry_state: bool = True
+
+    @property
+    def __name__(self) -> str:  # what a model's description names its kernel by, as a function's name
+        return f"chunk_gated_delta_rule[{self.form}]" + ("" if self.carry_state else "[state zeroed per chunk]")
+
+    @property
+    def softplus(self):
+        """The decay's softplus under this form: the patched GatedDeltaNet computes g with it."""
+        return safe_softplus if self.form.sp else torch.nn.functional.softplus
+
+    def __call__(
+        self,
         query,
         key,
         value,
@@ -175,6 +337,7 @@ def make_kernel(form: Form, carry_state: bool = True):
         use_qk_l2norm_in_kernel=False,
         **kwargs,
     ):
+        form = self.form
         b, length, h, dk = key.shape
         dv = value.shape[-1]
         if initial_state is not None and tuple(initial_state.shape) != (b, h, dk, dv):
@@ -182,102 +345,31 @@ def make_kernel(form: Form, carry_state: bool = True):
                 f"initial state of shape {list(initial_state.shape)} does not fit this layer: "
                 f"expected [{b}, {h}, {dk}, {dv}] (batch, value heads, key dim, value dim)"
             )
-        dtype = query.dtype
         if use_qk_l2norm_in_kernel:
             query, key = l2norm(query), l2norm(key)
         if form.vs:
             value = value * form.v_scale  # a power of two: exact, every later product scales exactly
         if form.ec:
             g = torch.clamp_min(g, G_FLOOR)
-        pad = (c - length % c) % c  # pads: g = 0 (no decay) and beta = 0 (no update): the state passes through
-        n_chunks = (length + pad) // c
-
-        def chunk_major(x, tail_dims):  # [B, L, H, *D] -> [N * B*H, C, *D]: chunk-major rows, rank 3
-            x = x.transpose(1, 2).reshape(b * h, length, *(tail_dims or (1,)))
-            # zeros joined by concatenation, not PAD: LiteRT's GPU accelerator refuses a rank-2 PAD and,
-            # measured on it, computes a rank-3 one wrong (verify_gpu and tests/test_gpu_accelerator.py)
-            if pad:
-                x = torch.cat([x, torch.zeros(b * h, pad, x.shape[-1], dtype=x.dtype)], dim=1)
-            # chunk-major and rank 3: chunk i is rows [i BH, (i + 1) BH), one contiguous slice, and every
-            # batched matmul below runs without the reshapes a rank-4 operand costs in the graph
-            x = x.reshape(b * h, n_chunks, c, *tail_dims).transpose(0, 1)
-            return x.reshape(n_chunks * b * h, c, *tail_dims)
-
-        q = chunk_major(query, (dk,)) * (dk**-0.5)
-        k = chunk_major(key, (dk,))
-        v = chunk_major(value, (dv,))
-        beta_c = chunk_major(beta, ())
-        g_c = chunk_major(g, ())
-
-        pair, prefix, total, tail = decays(g_c, form, const)
-        gamma = pair_decay(pair, form, const)  # [N BH, C, C]
-        k_beta = k * beta_c.unsqueeze(-1)
-        n_mat = -(k_beta @ k.transpose(-1, -2)) * gamma * const.strict_lower.to(dtype)
-        t_mat = inverse(n_mat, const)  # (I - N)^-1, [N BH, C, C]
-        u = t_mat @ (v * beta_c.unsqueeze(-1))  # [N BH, C, Dv]
-        intra = (q @ k.transpose(-1, -2)) * gamma  # [N BH, C, C]
-        bh = b * h
-        state = None if initial_state is None else initial_state.to(dtype).reshape(bh, dk, dv)
-
-        def decayed():  # -> w [N BH, C, Dk], q decayed to the chunk's start [N BH, C, Dk], k_tail [N BH, Dk, C]
-            to_start = decay_exp(prefix, form).unsqueeze(-1)
-            w = t_mat @ (k_beta * to_start)
-            k_tail = (k * decay_exp(tail, form).unsqueeze(-1)).transpose(-1, -2)
-            return w, q * to_start, k_tail
-
-        if form.loop:
-            # the stock kernel's order within each chunk: `loop` is the stock algorithm in this layout
-            w, q_decayed, k_tail = decayed()
-            carry = decay_exp(total, form).unsqueeze(-1).unsqueeze(-1)  # [N BH, 1, 1]
-            state = torch.zeros(bh, dk, dv, dtype=dtype) if state is None else state
-            outs = []
-            for i in range(n_chunks):
-                rows = slice(i * bh, (i + 1) * bh)
-                if i and not carry_state:
-                    state = torch.zeros_like(state)
-                v_new = u[rows] - w[rows] @ state
-                outs.append(q_decayed[rows] @ state + intra[rows] @ v_new)
-                state = state * carry[rows] + k_tail[rows] @ v_new
-            out = torch.cat(outs, dim=0)
+        at = Chunking(b, h, length, form.chunk)
+        q = at.to_chunks(query, (dk,)) * (dk**-0.5)
+        k = at.to_chunks(key, (dk,))
+        v = at.to_chunks(value, (dv,))
+        beta_c = at.to_chunks(beta, ())
+        g_c = at.to_chunks(g, ())
+        ic = in_chunk(q, k, v, beta_c, g_c, form, chunk_constants(form.chunk))
+        state = None if initial_state is None else initial_state.to(query.dtype).reshape(at.rows, dk, dv)
+        if form.loop:  # the stock algorithm in this layout
+            out, state = state_loop(ic, form, at.chunks, state, self.carry_state)
         else:
-            # Every chunk's output from its own tokens, all chunks at once; then, with S_i the state
-            # entering chunk i ([BH, Dk, Dv]):
-            #   out_i += read_i S_i      read_i = q_i exp(prefix) - intra_i w_i                 [BH, C, Dk]
-            #   S_i+1 = step_i S_i + write_i
-            #       step_i = exp(total_i) I - k_tail_i w_i [BH, Dk, Dk], write_i = k_tail_i u_i [BH, Dk, Dv]
-            # (the stock order, v_new = u - w S, out = q_dec S + intra v_new, S = carry S + k_tail v_new,
-            # regrouped). read, step and write are computed once for all chunks; the unrolled loop holds
-            # one matmul and one add per chunk (the states only), and one matmul reads every chunk's state.
-            out = intra @ u
-            if n_chunks > 1 or state is not None or output_final_state:
-                w, q_decayed, k_tail = decayed()
-
-                def per_chunk(x):  # slices, not torch.split: the converter fails on a split into one piece
-                    return [x[i * bh : (i + 1) * bh] for i in range(n_chunks)]
-
-                carry = decay_exp(total, form).unsqueeze(-1).unsqueeze(-1)  # [N BH, 1, 1]
-                # identity from numpy: a constant in the graph (torch.eye would trace to an IOTA op)
-                eye = torch.from_numpy(np.eye(dk, dtype=np.float32)).to(dtype)
-                step = per_chunk(carry * eye - k_tail @ w)
-                write = per_chunk(k_tail @ u)
-                entering = []  # S_i per chunk (a zero block where S_i is zero)
-                for i in range(n_chunks):  # unrolled at a fixed L
-                    if i and not carry_state:
-                        state = None
-                    entering.append(torch.zeros(bh, dk, dv, dtype=dtype) if state is None else state)
-                    if i < n_chunks - 1 or output_final_state:
-                        state = write[i] if state is None else step[i] @ state + write[i]
-                out = out + (q_decayed - intra @ w) @ torch.cat(entering, dim=0)
+            out, state = state_unrolled(ic, form, at.chunks, state, output_final_state, self.carry_state)
         final = state.reshape(b, h, dk, dv) if output_final_state else None
-        out = out.reshape(n_chunks, b * h, c, dv).transpose(0, 1).reshape(b * h, n_chunks * c, dv)[:, :length]
-        out = out.reshape(b, h, length, dv).transpose(1, 2)
-        return out, final
+        return at.from_chunks(out), final
 
-    kernel.__name__ = f"chunk_gated_delta_rule[{form}]" + ("" if carry_state else "[state zeroed per chunk]")
-    kernel.form = form
-    # The form's softplus travels with its kernel: the patched GatedDeltaNet computes its decay with it.
-    kernel.softplus = safe_softplus if form.sp else torch.nn.functional.softplus
-    return kernel
+
+def make_kernel(form: Form, carry_state: bool = True) -> ChunkKernel:
+    """The chunk kernel of `form` (ChunkKernel); carry_state=False is the verification's fault."""
+    return ChunkKernel(form, carry_state)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ re-serialized.
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import mmap
 import re
@@ -341,6 +342,27 @@ def read_metadata(source) -> dict | None:
         if text(entry.Name()) == METADATA_NAME:
             return json.loads(model.Buffers(entry.Buffer()).DataAsNumpy().tobytes().decode())
     return None
+
+
+def content_digest(path) -> str:
+    """sha256 of what a graph computes with, its METADATA_NAME entry left out: every op, tensor and
+    buffer, external weights included (hashed in place through mmap). Two exports of the same graph at
+    different commits differ only in that entry (it names the commit), so "byte-identical graphs"
+    before and after a change that moves no op is this digest being equal."""
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(read_head(path)))
+    ours = {m.buffer for m in model.metadata or [] if text(m.name) == METADATA_NAME}
+    model.metadata = [m for m in model.metadata or [] if text(m.name) != METADATA_NAME]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for i, buf in enumerate(model.buffers or []):
+            if i in ours:
+                buf.data = None
+            elif buf.offset > 1:  # external data: hashed in order, its offset (which the head's size moves) dropped
+                with memoryview(mm) as view:
+                    digest.update(view[buf.offset : buf.offset + buf.size])
+                buf.offset, buf.size = 0, 0
+    digest.update(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
+    return digest.hexdigest()
 
 
 def metadata_mismatches(meta: dict | None, expected: dict) -> list[str]:
