@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -314,6 +314,11 @@ class ChunkKernel:
 
     form: Form
     carry_state: bool = True
+    # built here, outside any trace: built inside one, arange and eye would trace to IOTA ops
+    const: ChunkConstants = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "const", chunk_constants(self.form.chunk))
 
     @property
     def __name__(self) -> str:  # what a model's description names its kernel by, as a function's name
@@ -357,7 +362,7 @@ class ChunkKernel:
         v = at.to_chunks(value, (dv,))
         beta_c = at.to_chunks(beta, ())
         g_c = at.to_chunks(g, ())
-        ic = in_chunk(q, k, v, beta_c, g_c, form, chunk_constants(form.chunk))
+        ic = in_chunk(q, k, v, beta_c, g_c, form, self.const)
         state = None if initial_state is None else initial_state.to(query.dtype).reshape(at.rows, dk, dv)
         if form.loop:  # the stock algorithm in this layout
             out, state = state_loop(ic, form, at.chunks, state, self.carry_state)
