@@ -21,7 +21,9 @@ def main() -> None:
     form = str(kernel_form.parse(p["form"]))
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    stock = layout.read_record(layout.result_path("export_stock"), "export_stock")
+    stock_path = layout.result_path("export_stock")
+    stock_doc = layout.read_record(stock_path, "export_stock")  # the figures and the checkpoint's revision
+    stock = conversion_bench.ConversionBench.from_json(stock_doc, str(stock_path))
     host = Host(snap)
     model = conversion_bench.load_block(snap, form)
     with tempfile.TemporaryDirectory() as tmp:
@@ -32,26 +34,26 @@ def main() -> None:
         ours = conversion_bench.litert_timed(ours, scratch, host)
     result = {
         "L": conversion_bench.BENCH_L,
-        "form": ours,
-        "stock_loop": stock,
-        "convert_time_stock_over_form": stock["convert_seconds"] / ours["convert_seconds"],
-        "litert_time_stock_over_form": stock["litert_median_s"] / ours["litert_median_s"],
-        "gdn_ops_stock_over_form": stock["ops_per_gdn_layer_max"] / ours["ops_per_gdn_layer_max"],
+        "form": ours.to_json(),
+        "stock_loop": stock_doc,
+        "convert_time_stock_over_form": stock.convert_seconds / ours.convert_seconds,
+        "litert_time_stock_over_form": stock.litert_median_s / ours.litert_median_s,
+        "gdn_ops_stock_over_form": stock.ops_per_gdn_layer_max / ours.ops_per_gdn_layer_max,
         "target_ops_per_gdn_layer_at_L64": p["export_bench"]["target_ops_per_gdn_layer_at_L64"],
     }
     atomic.write_json(layout.result_path("export_bench"), result)
     metrics.write(
         "export_bench",
         L=conversion_bench.BENCH_L,
-        ops_per_gdn_layer=ours["ops_per_gdn_layer_max"],
+        ops_per_gdn_layer=ours.ops_per_gdn_layer_max,
         gdn_ops_stock_over_form=result["gdn_ops_stock_over_form"],
         convert_time_stock_over_form=result["convert_time_stock_over_form"],
         litert_time_stock_over_form=result["litert_time_stock_over_form"],
     )
     print(
-        f"export_bench L={conversion_bench.BENCH_L}: ops per GatedDeltaNet {ours['ops_per_gdn_layer_max']} (form) vs "
-        f"{stock['ops_per_gdn_layer_max']} (loop); conversion {ours['convert_seconds']:.0f} s vs "
-        f"{stock['convert_seconds']:.0f} s; interpreter {result['litert_time_stock_over_form']:.2f}x faster"
+        f"export_bench L={conversion_bench.BENCH_L}: ops per GatedDeltaNet {ours.ops_per_gdn_layer_max} (form) vs "
+        f"{stock.ops_per_gdn_layer_max} (loop); conversion {ours.convert_seconds:.0f} s vs "
+        f"{stock.convert_seconds:.0f} s; interpreter {result['litert_time_stock_over_form']:.2f}x faster"
     )
 
 

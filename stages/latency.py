@@ -18,16 +18,11 @@ def main() -> None:
     rows = []
     for g in graphs:
         for signature in g.signatures:
-            r = {
-                "graph": g.name,
-                "kind": g.kind,
-                **g.shape,
-                **litert_benchmark.run(g.path, signature, runs, warmup, threads),
-            }
-            rows.append(r)
+            t = litert_benchmark.run(g.path, signature, runs, warmup, threads)
+            rows.append({"graph": g.name, "kind": g.kind, **g.shape, **t.to_json()})
             print(
-                f"latency {g.name} {signature}: median {r['median_ms']:.3g} ms (p5 {r['p5_ms']:.3g}, "
-                f"p95 {r['p95_ms']:.3g}; {r['num_runs']} runs, {threads} threads)",
+                f"latency {g.name} {signature}: median {t.median_ms:.3g} ms (p5 {t.p5_ms:.3g}, "
+                f"p95 {t.p95_ms:.3g}; {t.num_runs} runs, {threads} threads)",
                 flush=True,
             )
     doc = {

@@ -19,8 +19,12 @@ def graph():
 
 def test_a_run_gives_percentiles_in_order(graph):
     r = litert_benchmark.run(graph, "probe", runs=5, warmup=1, threads=1)
-    assert r["signature"] == "probe" and r["num_runs"] == 5 and r["num_threads"] == 1 and r["fully_accelerated"]
-    assert 0 < r["min_ms"] <= r["p5_ms"] <= r["median_ms"] <= r["p95_ms"] <= r["max_ms"]
+    assert r.signature == "probe" and r.num_runs == 5 and r.num_threads == 1 and r.fully_accelerated
+    assert 0 < r.min_ms <= r.p5_ms <= r.median_ms <= r.p95_ms <= r.max_ms
+    # results/latency.json's row keys, as the tool's result names its figures
+    figures = ["median_ms", "p5_ms", "p95_ms", "avg_ms", "std_ms", "min_ms", "max_ms", "init_ms", "num_runs"]
+    assert list(r.to_json()) == ["signature", "fully_accelerated", "num_threads", *figures]
+    assert type(r).from_json(r.to_json(), "latency.json") == r
 
 
 def test_a_signature_the_graph_lacks_is_one_line_with_the_tools_reason(graph):

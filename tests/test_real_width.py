@@ -124,21 +124,24 @@ def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
         "pairs": [{"prefix": 256, "suffix": 64}, {"prefix": 128, "suffix": 64}, {"prefix": 64, "suffix": 64}],
     }
     out = report.default_pipeline(clef, measured, default)
-    s = out["stages"]
+    s = out.stages
     assert s["export@128"] == {"seconds": 100.0 + 200.0 * 64 / 192, "peak_anon_gib": 30.0 + 4.0 * 64 / 192}
     assert s["verify_pair@128_64"]["seconds"] == 200.0 + 320.0 * 64 / 192
     assert s["verify_model"]["seconds"] == 320.0 * 448 / 320
     assert s["release"]["seconds"] == 40.0 * 6 / 4
     assert s["export_bench"]["seconds"] == 50.0
-    assert out["seconds"] == sum(v["seconds"] for v in s.values())
-    assert out["gpu_hours"] * 3600 == pytest.approx(600.0 + 1000.0 + 1800.0)  # @128 interpolated
-    assert out["accelerator_hours"] * 3600 == pytest.approx(400.0 + (400.0 + 1100.0 / 3) + 1500.0)
+    assert out.seconds == sum(v["seconds"] for v in s.values())
+    assert out.gpu_hours * 3600 == pytest.approx(600.0 + 1000.0 + 1800.0)  # @128 interpolated
+    assert out.accelerator_hours * 3600 == pytest.approx(400.0 + (400.0 + 1100.0 / 3) + 1500.0)
     del clef["stages"]["verify_gpu_row@64"]["accelerator_seconds"]  # an old record: not known, not a guess
-    assert report.default_pipeline(clef, measured, default)["accelerator_hours"] is None
+    assert report.default_pipeline(clef, measured, default).accelerator_hours is None
     clef["stages"]["verify_gpu_row@64"]["accelerator_seconds"] = 400.0
-    assert out["peak_anon_stage"] == "verify_model" and out["peak_anon_gib"] == 35.0
-    assert out["within_budget"] is False  # 35 > 34.5: the check can fail
-    assert report.default_pipeline({**clef, "memory_budget_gib": 36.0}, measured, default)["within_budget"] is True
+    assert out.peak_anon_stage == "verify_model" and out.peak_anon_gib == 35.0
+    assert out.within_budget is False  # 35 > 34.5: the check can fail
+    assert report.default_pipeline({**clef, "memory_budget_gib": 36.0}, measured, default).within_budget is True
+    # bench.json's clef_flash.default_pipeline: the keys readme.py reads, and the record read back
+    assert list(out.to_json())[:4] == ["lengths", "pairs", "stages", "seconds"]
+    assert report.DefaultPipeline.from_json(out.to_json(), "bench.json") == out
 
 
 def test_interpolation_extends_beyond_the_measured_sizes():

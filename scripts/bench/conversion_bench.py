@@ -11,17 +11,49 @@ Two steps, so that the caller frees the stack in between (the weights are never 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from pathlib import Path
 
 from scripts.checks import model_check, tflite_check
 from scripts.litert import export, tflite_file
 from scripts.pipeline.measure import Stopwatch
+from scripts.pipeline.records import Record
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 
 BENCH_L = 64
 REPEATS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """A conversion under a form timed (convert_timed): its op counts and torch's latency on the record."""
+
+    form: str
+    L: int
+    layers: int
+    convert_seconds: float
+    op_total: int
+    ops_per_gdn_layer_max: int
+    ops_per_gdn_layer_min: int
+    violations: list[str]
+    torch_median_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Converted(Conversion):
+    """The first step's figures, with the vocabulary the second step draws the interpreter's record from."""
+
+    vocab: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionBench(Conversion, Record):
+    """One timed conversion as export_stock and export_bench write it: the conversion's figures and the
+    interpreter's median latency on the same record."""
+
+    litert_median_s: float
 
 
 def bench_record(host: Host, vocab: int) -> dict:
@@ -34,7 +66,7 @@ def load_block(snap: Path, form: str):
     return model
 
 
-def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEATS) -> dict:
+def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEATS) -> Converted:
     """`model` (load_block) as the L=64 row graph converted to `path`, timed; its op counts and torch's
     median latency on the bench record."""
     graph = row_graph.ClefRowPrefill(model, BENCH_L)
@@ -44,24 +76,23 @@ def convert_timed(model, form: str, host: Host, path: Path, repeats: int = REPEA
     seconds = clock.seconds()
     census = tflite_file.census(path)
     per_layer = list(census["ops_per_gdn_layer"].values())
-    return {
-        "form": form,
-        "L": BENCH_L,
-        "layers": len(model.layers),
-        "convert_seconds": seconds,
-        "op_total": census["op_total"],
-        "ops_per_gdn_layer_max": max(per_layer),
-        "ops_per_gdn_layer_min": min(per_layer),
-        "violations": tflite_file.violations(census),
-        "torch_median_s": statistics.median(tflite_check.torch_times(graph, inputs, repeats)),
-        "vocab": model.config.vocab_size,
-    }
+    return Converted(
+        form=form,
+        L=BENCH_L,
+        layers=len(model.layers),
+        convert_seconds=seconds,
+        op_total=census["op_total"],
+        ops_per_gdn_layer_max=max(per_layer),
+        ops_per_gdn_layer_min=min(per_layer),
+        violations=tflite_file.violations(census),
+        torch_median_s=statistics.median(tflite_check.torch_times(graph, inputs, repeats)),
+        vocab=model.config.vocab_size,
+    )
 
 
-def litert_timed(doc: dict, path: Path, host: Host, repeats: int = REPEATS) -> dict:
-    """`doc` from convert_timed with the interpreter's median latency on the same record added."""
+def litert_timed(converted: Converted, path: Path, host: Host, repeats: int = REPEATS) -> ConversionBench:
+    """`converted` (convert_timed) with the interpreter's median latency on the same record added."""
     runner = tflite_check.interpreter(path).get_signature_runner()
-    runs = tflite_check.litert_times(runner, bench_record(host, doc["vocab"]), repeats)
-    doc = {**doc, "litert_median_s": statistics.median(runs)}
-    del doc["vocab"]
-    return doc
+    runs = tflite_check.litert_times(runner, bench_record(host, converted.vocab), repeats)
+    figures = {f.name: getattr(converted, f.name) for f in dataclasses.fields(Conversion)}
+    return ConversionBench(**figures, litert_median_s=statistics.median(runs))

@@ -6,6 +6,7 @@ loop of ours, so a device team reruns the very command on its own hardware and c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,9 +16,31 @@ import tempfile
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
 
 TOOL = "litert-benchmark"
-FIGURES = ("median_ms", "p5_ms", "p95_ms", "avg_ms", "std_ms", "min_ms", "max_ms", "init_ms", "num_runs")
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureTiming(Record):
+    """One signature timed by the tool: whether every op ran on the accelerator, the threads, and the
+    tool's own latency figures (FIGURES, in ms but for num_runs), named as its result names them."""
+
+    signature: str
+    fully_accelerated: bool | None
+    num_threads: int
+    median_ms: float
+    p5_ms: float
+    p95_ms: float
+    avg_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    init_ms: float
+    num_runs: int
+
+
+FIGURES = tuple(f.name for f in dataclasses.fields(SignatureTiming))[3:]  # the tool's `latency` section
 
 
 def tool() -> str:
@@ -53,9 +76,9 @@ def reason(output: str) -> str:
     return said[-1] if said else "no output"
 
 
-def run(path: Path, signature: str, runs: int, warmup: int, threads: int) -> dict:
-    """One signature of the graph at `path` on the CPU accelerator -> {signature, fully_accelerated,
-    num_threads, and FIGURES in ms}. A failed run is one line naming the graph, with the tool's reason."""
+def run(path: Path, signature: str, runs: int, warmup: int, threads: int) -> SignatureTiming:
+    """One signature of the graph at `path` on the CPU accelerator, timed. A failed run is one line
+    naming the graph, with the tool's reason."""
     with tempfile.TemporaryDirectory(prefix="clef-benchmark-") as tmp:
         result = Path(tmp) / "result.json"
         done = subprocess.run(
@@ -69,9 +92,9 @@ def run(path: Path, signature: str, runs: int, warmup: int, threads: int) -> dic
     missing = [k for k in FIGURES if k not in latency]
     if missing:
         raise ClefError(f"{TOOL} on {path}: its result lacks {missing}; this version reports {sorted(latency)}")
-    return {
-        "signature": doc.get("signature", signature),
-        "fully_accelerated": doc.get("fully_accelerated"),
-        "num_threads": doc.get("num_threads", threads),
+    return SignatureTiming(
+        signature=doc.get("signature", signature),
+        fully_accelerated=doc.get("fully_accelerated"),
+        num_threads=doc.get("num_threads", threads),
         **{k: latency[k] for k in FIGURES},
-    }
+    )

@@ -16,6 +16,7 @@ Medians of REPEATS runs after one warm-up; figures, never assertions (these mach
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import median_seconds
+from scripts.pipeline.records import Record
 from scripts.release import builder
 
 PEAK_N = 4096  # 137 GFLOP per product: ~1 s here, long enough to time, the size of clef-flash's hidden
@@ -40,13 +42,35 @@ CLEF_FLASH_LAYERS = 32  # (3 GatedDeltaNet + 1 attention) x 8; the real-width ru
 CLEF_FLASH_SNAPSHOT_BYTES = 19.3e9  # bf16 on disk, vision and MTP included (the hub's file list)
 
 
-def matmul_peak(n: int = PEAK_N) -> dict:
+@dataclasses.dataclass(frozen=True)
+class MatmulPeak(Record):
+    """This machine's fp32 matmul rate: torch.mm of two n x n matrices, median seconds, GFLOP/s."""
+
+    n: int
+    median_s: float
+    gflops: float
+    threads: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphRate(Record):
+    """A row graph in the interpreter: its median time, multiply-accumulate FLOPs per op kind, GFLOP/s."""
+
+    file: str
+    bytes: int
+    L: int
+    median_s: float
+    matmul_flops: dict[str, int]
+    gflops: float
+
+
+def matmul_peak(n: int = PEAK_N) -> MatmulPeak:
     a, b = torch.randn(n, n), torch.randn(n, n)
     seconds = median_seconds(lambda: torch.mm(a, b), REPEATS)
-    return {"n": n, "median_s": seconds, "gflops": 2 * n**3 / seconds / 1e9, "threads": torch.get_num_threads()}
+    return MatmulPeak(n=n, median_s=seconds, gflops=2 * n**3 / seconds / 1e9, threads=torch.get_num_threads())
 
 
-def graph_rate(ws: Path, length: int) -> dict:
+def graph_rate(ws: Path, length: int) -> GraphRate:
     """The row graph of `ws` at `length` in the interpreter: median time, counted FLOPs, GFLOP/s."""
     from scripts.qwen35.host import Host
 
@@ -61,14 +85,14 @@ def graph_rate(ws: Path, length: int) -> dict:
     seconds = median_seconds(lambda: tflite_check.run(runner, inputs), REPEATS)
     flops = tflite_file.matmul_flops(path)
     total = sum(flops.values())
-    return {
-        "file": str(path),
-        "bytes": path.stat().st_size,
-        "L": length,
-        "median_s": seconds,
-        "matmul_flops": flops,
-        "gflops": total / seconds / 1e9,
-    }
+    return GraphRate(
+        file=str(path),
+        bytes=path.stat().st_size,
+        L=length,
+        median_s=seconds,
+        matmul_flops=flops,
+        gflops=total / seconds / 1e9,
+    )
 
 
 def pipeline_name(record: str) -> str:
@@ -128,19 +152,32 @@ def ops_per_gdn_layer(ws: Path) -> dict:
     return out
 
 
-def latency(ws: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Latency(Record):
+    """One row graph's verify_tflite record as the bench carries it: interpreter and torch eager times."""
+
+    litert_ms: float
+    torch_ms: float
+    torch_over_litert: float
+    bytes: int
+    max_rel_vs_torch: float
+    passed: bool
+
+
+def latency(ws: Path) -> dict[str, Latency]:
+    """{L: that row graph's Latency}, from each of verify_tflite's records in `ws`."""
     out = {}
     for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
         doc = json.loads(path.read_text())
         t = doc["latency"]
-        out[str(doc["L"])] = {
-            "litert_ms": 1e3 * t["litert_median_s"],
-            "torch_ms": 1e3 * t["torch_median_s"],
-            "torch_over_litert": t["torch_over_litert"],
-            "bytes": doc["bytes"],
-            "max_rel_vs_torch": doc["max_rel_vs_torch"],
-            "passed": doc["passed"],
-        }
+        out[str(doc["L"])] = Latency(
+            litert_ms=1e3 * t["litert_median_s"],
+            torch_ms=1e3 * t["torch_median_s"],
+            torch_over_litert=t["torch_over_litert"],
+            bytes=doc["bytes"],
+            max_rel_vs_torch=doc["max_rel_vs_torch"],
+            passed=doc["passed"],
+        )
     return out
 
 
@@ -225,22 +262,35 @@ def pipeline_stages(ws: Path) -> list[str]:
     return out
 
 
-def bundle_figures(ws: Path) -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class BundleFigures(Record):
+    """The figures the bench carries of the bundle stage's record: sizes, memory, whether it passed."""
+
+    bytes: int
+    constant_bytes: int
+    part_constant_bytes: int
+    largest_graph_bytes: int
+    bytes_over_graph: float
+    memory: dict
+    passed: bool
+
+
+def bundle_figures(ws: Path) -> BundleFigures | None:
     """The bundle stage's record in `ws` (results/bundle.json), the figures the bench carries; None
     for a workspace built before the stage existed."""
     path = ws / layout.result_path("bundle")
     if not path.is_file():
         return None
     doc = json.loads(path.read_text())
-    return {
-        "bytes": doc["sharing"]["bytes"],
-        "constant_bytes": doc["sharing"]["constant_bytes"],
-        "part_constant_bytes": doc["sharing"]["part_constant_bytes"],
-        "largest_graph_bytes": doc["largest_graph"]["bytes"],
-        "bytes_over_graph": doc["bytes_over_graph"],
-        "memory": doc["memory"],
-        "passed": doc["passed"],
-    }
+    return BundleFigures(
+        bytes=doc["sharing"]["bytes"],
+        constant_bytes=doc["sharing"]["constant_bytes"],
+        part_constant_bytes=doc["sharing"]["part_constant_bytes"],
+        largest_graph_bytes=doc["largest_graph"]["bytes"],
+        bytes_over_graph=doc["bytes_over_graph"],
+        memory=doc["memory"],
+        passed=doc["passed"],
+    )
 
 
 def weights_figures(ws: Path) -> dict | None:
@@ -291,12 +341,12 @@ def workspace(ws: Path) -> dict:
         "graph_bytes": sum(g.stat().st_size for g in graphs),
         "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*" + builder.TARBALL_SUFFIX)),
         "release_bytes": sum(f.stat().st_size for f in (ws / layout.RELEASE).rglob("*") if f.is_file()),
-        "bundle": bundle_figures(ws),
+        "bundle": bundle.to_json() if (bundle := bundle_figures(ws)) else None,
         "weights": weights_figures(ws),
         "layers": s.get("layers"),
         "fp32_bytes": s.get("fp32_bytes"),
         "stages": stages,
-        "latency": latency(ws),
+        "latency": {n: t.to_json() for n, t in latency(ws).items()},
         "stack_rss_budget": s.get("rss_budget"),
         "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
         "ops_per_gdn_layer": ops_per_gdn_layer(ws),
@@ -419,7 +469,25 @@ def interpolated(points: dict[int, float], size: int) -> float:
     return points[lo] + (points[hi] - points[lo]) * (size - lo) / (hi - lo)
 
 
-def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
+@dataclasses.dataclass(frozen=True)
+class DefaultPipeline(Record):
+    """The default params' pipeline on clef-flash (default_pipeline): each stage's seconds and peak
+    anonymous memory, the totals, and the largest peak against clef-flash's memory budget."""
+
+    lengths: list[int]
+    pairs: list[dict]
+    stages: dict[str, dict]
+    seconds: float
+    hours: float
+    gpu_hours: float
+    accelerator_hours: float | None
+    peak_anon_gib: float | None
+    peak_anon_stage: str | None
+    memory_budget_gib: float | None
+    within_budget: bool
+
+
+def default_pipeline(clef: dict, measured: dict, default: dict) -> DefaultPipeline:
     """The default params' pipeline (default["lengths"], default["pairs"]) on clef-flash, from the
     per-stage extrapolation `clef` of the real-width run, whose own lengths and pairs are `measured`:
     a per-L or per-pair stage at a size the run did not have is interpolated in L (P + S); verify_model
@@ -467,22 +535,43 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> dict:
     # inside the accelerator: known only when every GPU stage's record has it
     accelerator = sum(f["accelerator_seconds"] for f in gpu) if all("accelerator_seconds" in f for f in gpu) else None
     budget = clef.get("memory_budget_gib")
-    return {
-        "lengths": lengths,
-        "pairs": default["pairs"],
-        "stages": stages,
-        "seconds": seconds,
-        "hours": seconds / 3600,
-        "gpu_hours": sum(f["seconds"] for f in gpu) / 3600,
-        "accelerator_hours": accelerator / 3600 if gpu and accelerator is not None else None,
-        "peak_anon_gib": peaks.get(top),
-        "peak_anon_stage": top,
-        "memory_budget_gib": budget,
-        "within_budget": budget is not None and top is not None and peaks[top] <= budget,
-    }
+    return DefaultPipeline(
+        lengths=lengths,
+        pairs=default["pairs"],
+        stages=stages,
+        seconds=seconds,
+        hours=seconds / 3600,
+        gpu_hours=sum(f["seconds"] for f in gpu) / 3600,
+        accelerator_hours=accelerator / 3600 if gpu and accelerator is not None else None,
+        peak_anon_gib=peaks.get(top),
+        peak_anon_stage=top,
+        memory_budget_gib=budget,
+        within_budget=budget is not None and top is not None and peaks[top] <= budget,
+    )
 
 
-def machine() -> dict:
+@dataclasses.dataclass(frozen=True)
+class Machine(Record):
+    """The machine a benchmark ran on: CPU model, cores, memory, torch's version."""
+
+    cpu: str
+    cores: int | None
+    memory_bytes: int
+    torch: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Efficiency(Record):
+    """How close the real-width row graph comes to this machine's fp32 matmul peak."""
+
+    matmul_peak: MatmulPeak
+    row_graph: GraphRate
+    fraction_of_peak: float
+    target_fraction: float
+    meets_target: bool
+
+
+def machine() -> Machine:
     cpu = next(
         (
             line.split(":", 1)[1].strip()
@@ -496,7 +585,7 @@ def machine() -> dict:
         for line in Path("/proc/meminfo").read_text().splitlines()
         if line.startswith("MemTotal")
     )
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "torch": torch.__version__}
+    return Machine(cpu=cpu, cores=os.cpu_count(), memory_bytes=mem, torch=torch.__version__)
 
 
 def main() -> None:
@@ -508,29 +597,31 @@ def main() -> None:
     tiny, real = workspace(Path(".")), workspace(ws)
     peak = matmul_peak()
     rate = graph_rate(ws, 64)
-    ratio = rate["gflops"] / peak["gflops"]
+    ratio = rate.gflops / peak.gflops
+    efficiency = Efficiency(
+        matmul_peak=peak,
+        row_graph=rate,
+        fraction_of_peak=ratio,
+        target_fraction=TARGET_FRACTION_OF_PEAK,
+        meets_target=ratio >= TARGET_FRACTION_OF_PEAK,
+    )
     doc = {
-        "machine": machine(),
+        "machine": machine().to_json(),
         "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "tiny": tiny,
         "real_width": real,
-        "efficiency": {
-            "matmul_peak": peak,
-            "row_graph": rate,
-            "fraction_of_peak": ratio,
-            "target_fraction": TARGET_FRACTION_OF_PEAK,
-            "meets_target": ratio >= TARGET_FRACTION_OF_PEAK,
-        },
+        "efficiency": efficiency.to_json(),
         "clef_flash": extrapolate(tiny, real),
     }
-    doc["clef_flash"]["default_pipeline"] = default_pipeline(doc["clef_flash"], real["params"], tiny["params"])
+    run = default_pipeline(doc["clef_flash"], real["params"], tiny["params"])
+    doc["clef_flash"]["default_pipeline"] = run.to_json()
     atomic.write_json(layout.BENCH, doc)
     if doc["clef_flash"]["without_tiny_run"]:
         print(f"bench: {UNEXTRAPOLATED} ({len(doc['clef_flash']['without_tiny_run'])} stages)")
     print(
-        f"bench: fp32 matmul peak {peak['gflops']:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak['threads']} threads); "
-        f"real-width row graph L=64 ({rate['bytes'] / 2**30:.2f} GiB) {rate['median_s']:.2f} s, "
-        f"{rate['gflops']:.1f} GFLOP/s = {ratio:.2f} of peak (target {TARGET_FRACTION_OF_PEAK}) -> {layout.BENCH}"
+        f"bench: fp32 matmul peak {peak.gflops:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak.threads} threads); "
+        f"real-width row graph L=64 ({rate.bytes / 2**30:.2f} GiB) {rate.median_s:.2f} s, "
+        f"{rate.gflops:.1f} GFLOP/s = {ratio:.2f} of peak (target {TARGET_FRACTION_OF_PEAK}) -> {layout.BENCH}"
     )
 
 

@@ -175,7 +175,7 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
             "torch_median_s": torch_s,
             "torch_over_litert": torch_s / litert_s,
             "matmul_gflops": flops / litert_s / 1e9,
-            "fraction_of_peak": flops / litert_s / 1e9 / peak["gflops"],
+            "fraction_of_peak": flops / litert_s / 1e9 / peak.gflops,
         },
         "gpu": gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
     }
@@ -292,8 +292,8 @@ def main() -> None:
         "L": BENCH_L,
         "records": {kind: n for kind, (n, _) in records.items()},
         "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": report.machine(),
-        "matmul_peak": peak,
+        "machine": report.machine().to_json(),
+        "matmul_peak": peak.to_json(),
         "variants": rows,
         "bytes_over_fp32": {name: r["bytes"] / fp32_bytes for name, r in rows.items()},
         "litert_speedup_over_fp32": {
