@@ -220,7 +220,8 @@ def capture(model, host, length: int, seed: int) -> dict:
 
 
 def kernel_pieces(c: dict, form: kernel_form.Form) -> dict:
-    """The kernel's intermediate tensors for the captured inputs, as make_kernel computes them (fp32)."""
+    """The kernel's intermediate tensors for the captured inputs, computed by the kernel's own pieces
+    (gated_delta.in_chunk, decayed, carry) in fp32, laid out [chunks, heads, C, ..] as the part graphs take them."""
     const = gated_delta.chunk_constants(form.chunk)
     length, h, dk = c["k"].shape[1:]
     n = length // form.chunk
@@ -234,22 +235,18 @@ def kernel_pieces(c: dict, form: kernel_form.Form) -> dict:
         v = chunk_major(c["v"] * form.v_scale, (c["v"].shape[-1],))
         beta = chunk_major(c["beta"], ())
         g = chunk_major(torch.clamp_min(c["g"], gated_delta.G_FLOOR), ())
-        pair, prefix, total, tail = gated_delta.decays(g, form, const)
-        gamma = gated_delta.pair_decay(pair, form, const)
-        k_beta = k * beta.unsqueeze(-1)
-        n_mat = -(k_beta @ k.transpose(-1, -2)) * gamma * const.strict_lower
-        t_mat = gated_delta.block_inverse(n_mat, const)
-        e = lambda t: gated_delta.decay_exp(t, form)  # noqa: E731
+        ic = gated_delta.in_chunk(q, k, v, beta, g, form, const)
+        w, q_decayed, k_tail = gated_delta.decayed(ic, form)
         return {
             "g_chunks": g,
-            "pair": pair,
-            "n_mat": n_mat,
-            "u": t_mat @ (v * beta.unsqueeze(-1)),
-            "w": t_mat @ (k_beta * e(prefix).unsqueeze(-1)),
-            "q_decayed": q * e(prefix).unsqueeze(-1),
-            "intra": (q @ k.transpose(-1, -2)) * gamma,
-            "k_tail": (k * e(tail).unsqueeze(-1)).transpose(-1, -2),
-            "carry": e(total).unsqueeze(-1).unsqueeze(-1),
+            "pair": ic.pair,
+            "n_mat": ic.n_mat,
+            "u": ic.u,
+            "w": w,
+            "q_decayed": q_decayed,
+            "intra": ic.intra,
+            "k_tail": k_tail,
+            "carry": gated_delta.carry(ic, form),
         }
 
 

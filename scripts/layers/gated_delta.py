@@ -198,9 +198,11 @@ class InChunk:
     q: torch.Tensor  # [.., C, Dk] scaled by Dk^-0.5
     k: torch.Tensor  # [.., C, Dk]
     k_beta: torch.Tensor  # [.., C, Dk] k * beta
+    pair: torch.Tensor  # [.., C, C] log-decay from token j to token i (sum of g over (j, i])
     prefix: torch.Tensor  # [.., C] log-decay from the chunk's start to each token
     total: torch.Tensor  # [..] log-decay over the whole chunk
     tail: torch.Tensor  # [.., C] log-decay from each token to the chunk's end
+    n_mat: torch.Tensor  # [.., C, C] N, strictly lower
     t_mat: torch.Tensor  # [.., C, C] (I - N)^-1
     u: torch.Tensor  # [.., C, Dv] T (v beta): the chunk's new values against a zero state
     intra: torch.Tensor  # [.., C, C] (q k^T) masked by the in-chunk decay
@@ -216,7 +218,7 @@ def in_chunk(q, k, v, beta, g, form: Form, const: ChunkConstants) -> InChunk:
     t_mat = (loop_inverse if form.loop else block_inverse)(n_mat, const)
     u = t_mat @ (v * beta.unsqueeze(-1))
     intra = (q @ k.transpose(-1, -2)) * gamma
-    return InChunk(q, k, k_beta, prefix, total, tail, t_mat, u, intra)
+    return InChunk(q, k, k_beta, pair, prefix, total, tail, n_mat, t_mat, u, intra)
 
 
 def decayed(ic: InChunk, form: Form):
