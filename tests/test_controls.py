@@ -10,7 +10,7 @@ import torch
 
 from scripts.checks import compare, controls, model_check
 from scripts.layers import gated_delta
-from scripts.qwen35 import patch, text_stack
+from scripts.qwen35 import model_change, patch, text_stack
 from scripts.qwen35.host import Host
 from scripts.qwen35.patch import ClefGatedDeltaNet
 
@@ -53,23 +53,24 @@ def test_memory_cut_does_not_exist_within_one_chunk():
     assert compare.control_problems("memory_cut", None, 1e-5, 100) == []  # recorded as not applying
 
 
-def test_patches_are_restored_even_on_error(tiny_snapshot):
+def test_faults_are_restored_even_on_error(tiny_snapshot):
     model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
-    kernels = [m.chunk_gated_delta_rule for m in gated_delta.gated_deltanets(model)]
+    layers = gated_delta.gated_deltanets(model)
+    kernels = [m.chunk_gated_delta_rule for m in layers]
     with pytest.raises(RuntimeError):
-        with controls.memory_cut(model, FORM), controls.without_pad_guard():
-            assert not ClefGatedDeltaNet.pad_decay_guard
-            assert all("zeroed" in m.chunk_gated_delta_rule.__name__ for m in gated_delta.gated_deltanets(model))
+        with model_change.changed(model, memory_cut=True, pad_guard=False):
+            assert not any(m.pad_decay_guard for m in layers) and ClefGatedDeltaNet.pad_decay_guard
+            assert all("zeroed" in m.chunk_gated_delta_rule.__name__ for m in layers)
             raise RuntimeError("midway")
-    assert ClefGatedDeltaNet.pad_decay_guard
-    assert [m.chunk_gated_delta_rule for m in gated_delta.gated_deltanets(model)] == kernels
+    assert all(m.pad_decay_guard for m in layers) and all("pad_decay_guard" not in vars(m) for m in layers)
+    assert [m.chunk_gated_delta_rule for m in layers] == kernels
 
 
 def test_causality_cannot_see_the_pad_guard(tiny_snapshot):
     """Row-level garbage-vs-zero pads stay exact with the guard removed: what guards the pads is
     verify_pair's chaining with padded prefixes (tests/test_pair_graph.py shows it failing)."""
     model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
-    with controls.without_pad_guard():
+    with model_change.changed(model, pad_guard=False):
         row = model_check.causality(model, Host(tiny_snapshot), 64, model.config.vocab_size, seed=0)
     assert row["rel_causality"] == 0.0
 

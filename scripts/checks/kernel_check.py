@@ -135,7 +135,8 @@ def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = No
                     name, length, seed + case, heads["k"], heads["v"], heads["k_dim"], heads["v_dim"], init
                 )
                 q, k, v, g, beta, s0 = inputs
-                out_t, state_t = gated_delta.recurrence_f64(q, k, v, g, beta, s0)  # gate_extremes's gate exact in float64
+                # gate_extremes's gate exact in float64
+                out_t, state_t = gated_delta.recurrence_f64(q, k, v, g, beta, s0)
                 if isinstance(g, Gate):
                     g = g.to(torch.float32)
                 out_s, state_s = stock_kernel(

@@ -28,7 +28,7 @@ import torch
 
 from scripts.checks import compare, controls, layerwise, records
 from scripts.layers import gated_delta
-from scripts.qwen35 import patch
+from scripts.qwen35 import model_change, patch
 from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill
 
@@ -76,12 +76,12 @@ def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1
         rows = []
         for i, m in layers:
             for seed, scale, x in cases:
-                with patch.count_interleave(m) as calls:
+                with model_change.changed(m, count_interleave=True) as done:
                     out = m(x, attention_mask=valid)[0, :n_real]
                 stock, exact = refs[(i, seed, scale)]
                 row = {"layer": i, "seed": seed, "input_scale": scale, "L": length, "n_real": n_real}
                 if controls.memory_cut_applies(form, n_real):
-                    with controls.memory_cut(m, form):
+                    with model_change.changed(m, memory_cut=True):
                         row["control_memory_cut_rel_vs_stock_f64"] = compare.rel(
                             m(x, attention_mask=valid)[0, :n_real], exact
                         )
@@ -92,7 +92,7 @@ def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1
                         **compare.figures("vs_stock_fp32", out, stock),
                         **compare.figures("stock_fp32_vs_f64", stock, exact),
                         "finite": bool(torch.isfinite(out).all()),
-                        "interleave_calls": calls["calls"],
+                        "interleave_calls": done.interleave_calls["calls"],
                         "interleave_calls_expected": 2,
                     }
                 )
@@ -115,7 +115,7 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
             inputs = host.record(random_ids(n, vocab, seed + length + n), length)
             host.check(inputs, length)
             real = inputs["embeds"][:, :n]
-            with torch.no_grad(), patch.count_interleave(graph) as calls:
+            with torch.no_grad(), model_change.changed(graph, count_interleave=True) as done:
                 hidden = graph(**inputs)["hidden"][0, :n]
             with torch.no_grad():
                 stock = twin(inputs_embeds=real, use_cache=False).last_hidden_state[0]
@@ -123,7 +123,7 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
                     exact = twin(inputs_embeds=real.double(), use_cache=False).last_hidden_state[0]
             control = {}
             if controls.memory_cut_applies(form, n):
-                with torch.no_grad(), controls.memory_cut(model, form):
+                with torch.no_grad(), model_change.changed(model, memory_cut=True):
                     control["control_memory_cut_rel_vs_stock_f64"] = compare.rel(
                         graph(**inputs)["hidden"][0, :n], exact
                     )
@@ -138,7 +138,7 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
                     **compare.figures("stock_fp32_vs_f64", stock, exact),
                     **control,
                     "finite": bool(torch.isfinite(hidden).all()),
-                    "interleave_calls": calls["calls"],
+                    "interleave_calls": done.interleave_calls["calls"],
                     "interleave_calls_expected": 2 * gdn_layers,
                 }
             )

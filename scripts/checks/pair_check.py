@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from scripts.checks import compare, controls, model_check, records
-from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35 import model_change, pair_graph, patch
 from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
 from scripts.release import references
@@ -69,8 +69,8 @@ def chaining(
     pad_guard_control: bool = False,
     prefixes: PrefixRuns | None = None,
 ) -> list[dict]:
-    """pad_guard_control: also chain with the prefix run under controls.without_pad_guard() (only a
-    torch runner can: a LiteRT graph has its guard built in)."""
+    """pad_guard_control: also chain with the prefix run with pads that decay the state (model_change's
+    pad_guard=False; only a torch runner can: a LiteRT graph has its guard built in)."""
     P, S = runner.P, runner.S
     prefixes = prefixes or PrefixRuns(runner)
     rows = []
@@ -81,7 +81,7 @@ def chaining(
         controlled = p == records.shared_length(P)
         unguarded = None
         if controlled and pad_guard_control and p < P:
-            with controls.without_pad_guard():
+            with model_change.changed(runner.prefix_fn, pad_guard=False):
                 _, unguarded = runner.prefix(tokens[:p])
         for s in suffixes:
             ids = tokens[: p + s]

@@ -44,11 +44,12 @@ def torch_reference(graph, inputs: dict, n: int, form) -> dict:
     and, where the record spans two chunks, the same with the memory-cut fault (scripts/checks/controls.py).
     Computed before the interpreter loads, so the stack can be freed first."""
     from scripts.checks import controls
+    from scripts.qwen35 import model_change
 
     with torch.no_grad():
         out = {"hidden": graph(**inputs)["hidden"][0, :n], "memory_cut": None}
         if controls.memory_cut_applies(form, n):
-            with controls.memory_cut(graph.text_model, form):
+            with model_change.changed(graph.text_model, memory_cut=True):
                 out["memory_cut"] = graph(**inputs)["hidden"][0, :n]
     return out
 

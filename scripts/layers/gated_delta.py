@@ -149,7 +149,6 @@ def pair_decay(pair: torch.Tensor, form: Form, const: ChunkConstants) -> torch.T
     return torch.exp(pair.masked_fill(const.upper_strict_bool, float("-inf")))
 
 
-
 @dataclass(frozen=True)
 class Chunking:
     """How a [B, L, H, ...] sequence lies chunk-major: B*H rows per chunk, L padded to whole chunks."""

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from scripts.layers import kernel_form, split_linear, weight_precision
+from scripts.layers import kernel_form, weight_precision
 from scripts.layers.kernel_form import Form
 from scripts.litert import tflite_file, weight_storage
 from scripts.pipeline import atomic, params, provenance, quiet
 from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import model_change
 
 DEFAULT_SIGNATURE = "serving_default"  # the name litert_torch.convert gives a lone signature
 
@@ -50,7 +51,7 @@ def convert_signatures(signatures: dict, path: Path) -> None:
     converter = litert_torch.Converter()
     modules = [module for module, _ in signatures.values()]
     try:
-        with split_linear.split_linears(modules, tflite_file.MAX_CONSTANT_BYTES):
+        with model_change.changed(torch.nn.ModuleList(modules), split_over=tflite_file.MAX_CONSTANT_BYTES):
             for name, (module, kwargs) in signatures.items():
                 converter.signature(name, module.eval(), sample_kwargs=kwargs)
             converter.convert(lightweight_conversion=True).export(str(path))

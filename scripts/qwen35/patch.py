@@ -15,7 +15,6 @@ classes with sdpa attention, computing its own positions, mask and rotary tables
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import torch
@@ -67,8 +66,8 @@ class ClefGatedDeltaNet(modeling.Qwen3_5GatedDeltaNet):
     token, and the real positions never see a pad.
     """
 
-    pad_decay_guard = True  # False only inside controls.without_pad_guard(): pads then decay the state
-    interleave_heads = staticmethod(interleave_heads)  # a method, so count_interleave can wrap one instance
+    pad_decay_guard = True  # False only inside model_change.changed(pad_guard=False): pads then decay the state
+    interleave_heads = staticmethod(interleave_heads)  # a method, so model_change can count one instance's calls
 
     def project(self, hidden_states, valid):
         """The projections under the pad guard -> (keep [B, L, 1], pre-conv qkv [B, L, C], z, beta, a)."""
@@ -175,26 +174,6 @@ def stock_twin(model: nn.Module) -> nn.Module:
     twin.load_state_dict(model.state_dict(), strict=True, assign=True)
     twin.rotary_emb = modeling.Qwen3_5TextRotaryEmbedding(config=cfg)
     return twin.eval().requires_grad_(False)
-
-
-@contextlib.contextmanager
-def count_interleave(module: nn.Module):
-    """Counts the interleave_heads calls of the ClefGatedDeltaNets in `module` inside the block:
-    {"calls": n}. Wraps each instance's method and removes the wrapper afterwards, whatever happens."""
-    counter = {"calls": 0}
-    layers = [m for m in module.modules() if isinstance(m, ClefGatedDeltaNet)]
-
-    def counted(x, r):
-        counter["calls"] += 1
-        return interleave_heads(x, r)
-
-    try:
-        for m in layers:
-            m.interleave_heads = counted
-        yield counter
-    finally:
-        for m in layers:
-            m.__dict__.pop("interleave_heads", None)
 
 
 def load(snapshot, form: str, progress: bool = True, block: bool = False, weights: str = "fp32"):
