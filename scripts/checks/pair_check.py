@@ -70,7 +70,8 @@ def chaining(
     prefixes: PrefixRuns | None = None,
 ) -> list[dict]:
     """pad_guard_control: also chain with the prefix run with pads that decay the state (model_change's
-    pad_guard=False; only a torch runner can: a LiteRT graph has its guard built in)."""
+    pad_guard=False, on refs' stack; only a torch runner of that stack can: a LiteRT graph has its guard
+    built in, and a control that changes nothing fails as unable to see its fault)."""
     P, S = runner.P, runner.S
     prefixes = prefixes or PrefixRuns(runner)
     rows = []
@@ -81,7 +82,7 @@ def chaining(
         controlled = p == records.shared_length(P)
         unguarded = None
         if controlled and pad_guard_control and p < P:
-            with model_change.changed(runner.prefix_fn, pad_guard=False):
+            with model_change.changed(refs.model, pad_guard=False):  # the stack the torch runner runs
                 _, unguarded = runner.prefix(tokens[:p])
         for s in suffixes:
             ids = tokens[: p + s]
