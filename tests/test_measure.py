@@ -146,11 +146,11 @@ def test_the_budget_counts_the_stack(tmp_path):
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     set_memory(tmp_path, factor=1.5, overhead_gib=0.5)
     before = measure.memory_budget(2**30, tmp_path)
-    assert before["fp32_stack_bytes"] is None and before["limit_bytes"] == 2**29 and not before["within"]
+    assert before.fp32_stack_bytes is None and before.limit_bytes == 2**29 and not before.within
     (tmp_path / "results").mkdir()
     (tmp_path / "results/stack.json").write_text(json.dumps({"fp32_bytes": 2**30}))
     after = measure.memory_budget(2**30, tmp_path)
-    assert after["limit_bytes"] == 2**31 and after["within"]
+    assert after.limit_bytes == 2**31 and after.within
 
 
 def test_a_stage_over_its_memory_budget_fails_and_records_it(workdir):

@@ -3,6 +3,7 @@ valid for every stage, and the clef-flash extrapolation scales what grows with t
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -155,7 +156,16 @@ def test_runtime_records_are_named_as_the_pipeline_names_the_stage(tmp_path):
     runtime.mkdir(parents=True)
     for name in ("verify_gpu@64", "verify_gpu@256_64", "export@64", "stack"):
         (runtime / f"{name}.json").write_text(
-            '{"seconds": 1.0, "peak_rss_bytes": 1, "peak_anon_bytes": 1, "finished_utc": "x"}'
+            json.dumps(
+                {
+                    "stage": name,
+                    "argv": [],
+                    "seconds": 1.0,
+                    "peak_rss_bytes": 1,
+                    "peak_anon_bytes": 1,
+                    "finished_utc": "x",
+                }
+            )
         )
     records = report.stage_records(tmp_path)
     assert sorted(records) == ["export@64", "stack", "verify_gpu_pair@256_64", "verify_gpu_row@64"]

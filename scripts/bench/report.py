@@ -31,7 +31,7 @@ from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
-from scripts.pipeline.measure import median_seconds
+from scripts.pipeline.measure import Runtime, median_seconds
 from scripts.pipeline.records import Record
 from scripts.release import builder
 
@@ -106,24 +106,19 @@ def pipeline_name(record: str) -> str:
 
 def stage_records(ws: Path) -> dict:
     runtime = ws / layout.RUNTIME
-    records = (
-        {pipeline_name(p.stem): json.loads(p.read_text()) for p in sorted(runtime.glob("*.json"))}
-        if runtime.is_dir()
-        else {}
-    )
+    runs = {pipeline_name(p.stem): Runtime.read(p) for p in sorted(runtime.glob("*.json"))} if runtime.is_dir() else {}
     out = {}
-    for name, r in records.items():
+    for name, r in runs.items():
         out[name] = {
-            "seconds": r["seconds"],
-            **({"startup_seconds": r["startup_seconds"]} if "startup_seconds" in r else {}),
-            "peak_rss_gib": r["peak_rss_bytes"] / 2**30,
-            # anonymous memory (scripts/pipeline/measure.py): absent from records made before it was sampled
-            **({"peak_anon_gib": r["peak_anon_bytes"] / 2**30} if "peak_anon_bytes" in r else {}),
-            "finished_utc": r["finished_utc"],
+            "seconds": r.seconds,
+            **({"startup_seconds": r.startup_seconds} if r.startup_seconds is not None else {}),
+            "peak_rss_gib": r.peak_rss_bytes / 2**30,
+            **({"peak_anon_gib": r.peak_anon_bytes / 2**30} if r.peak_anon_bytes is not None else {}),
+            "finished_utc": r.finished_utc,
         }
-        if "memory_budget" in r:
-            out[name]["budget_gib"] = r["memory_budget"]["limit_bytes"] / 2**30
-            out[name]["within_budget"] = r["memory_budget"]["within"]
+        if r.memory_budget is not None:
+            out[name]["budget_gib"] = r.memory_budget.limit_bytes / 2**30
+            out[name]["within_budget"] = r.memory_budget.within
         accelerator = accelerator_seconds(ws, name)
         if accelerator is not None:
             out[name]["accelerator_seconds"] = accelerator

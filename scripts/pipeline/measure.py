@@ -19,12 +19,15 @@ exists) + overhead_gib, or the stage fails after recording what it used.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from scripts.pipeline.records import Record, optional
 
 
 def peak_rss_bytes() -> int:
@@ -168,26 +171,51 @@ def stack_fp32_bytes(root: str = ".") -> int | None:
     return json.loads(stack.read_text())["fp32_bytes"] if stack.is_file() else None
 
 
-def memory_budget(anon_peak_bytes: int, root: str = ".") -> dict:
+@dataclasses.dataclass(frozen=True)
+class MemoryBudget(Record):
+    """A stage's memory budget (params.yaml `memory`) as it applied to one run."""
+
+    factor: float
+    overhead_gib: float
+    fp32_stack_bytes: int | None  # results/stack.json's, None before the stack stage ran
+    limit_bytes: int
+    within: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime(Record):
+    """results/runtime/<stage>.json: what one run of a stage cost."""
+
+    stage: str
+    argv: list[str]
+    seconds: float
+    peak_rss_bytes: int
+    finished_utc: str
+    peak_anon_bytes: int | None = optional()  # absent from records made before it was sampled
+    startup_seconds: float | None = optional()  # process start to main(), when the harness measured it
+    memory_budget: MemoryBudget | None = optional()  # absent for a benchmark, run without a budget
+
+
+def memory_budget(anon_peak_bytes: int, root: str = ".") -> MemoryBudget:
     """The stage's peak anonymous memory against params.yaml `memory` and the stack's fp32 bytes."""
     from scripts.pipeline import bounds, params
 
     budget = params.bound_section("memory", Path(root) / "params.yaml")
     fp32 = stack_fp32_bytes(root)
     limit = bounds.memory_limit(budget, fp32)
-    return {**budget, "fp32_stack_bytes": fp32, "limit_bytes": limit, "within": anon_peak_bytes <= limit}
+    return MemoryBudget(budget["factor"], budget["overhead_gib"], fp32, limit, anon_peak_bytes <= limit)
 
 
-def over_budget(rec: dict) -> str | None:
-    """One line when a runtime record's peak anonymous memory is over its budget, else None."""
-    b = rec["memory_budget"]
-    if b["within"]:
+def over_budget(run: Runtime) -> str | None:
+    """One line when a run's peak anonymous memory is over its budget, else None."""
+    b = run.memory_budget
+    if b is None or b.within:
         return None
-    stack = f"{b['fp32_stack_bytes'] / 2**30:.2f} GiB" if b["fp32_stack_bytes"] is not None else "none yet"
-    peak, limit = distinct_gib(rec["peak_anon_bytes"], b["limit_bytes"])
+    stack = f"{b.fp32_stack_bytes / 2**30:.2f} GiB" if b.fp32_stack_bytes is not None else "none yet"
+    peak, limit = distinct_gib(run.peak_anon_bytes, b.limit_bytes)
     return (
-        f"{rec['stage']}: peak anonymous memory {peak} GiB is over its budget {limit} GiB (params.yaml memory: "
-        f"{b['factor']} x the fp32 stack ({stack}) + {b['overhead_gib']} GiB; raise memory.overhead_gib or "
+        f"{run.stage}: peak anonymous memory {peak} GiB is over its budget {limit} GiB (params.yaml memory: "
+        f"{b.factor} x the fp32 stack ({stack}) + {b.overhead_gib} GiB; raise memory.overhead_gib or "
         "memory.factor if this machine needs more)"
     )
 
@@ -204,22 +232,21 @@ def distinct_gib(a: int, b: int) -> tuple[str, str]:
 
 def record_runtime(
     anon_peak_bytes: int, root: str = ".", budget: bool = True, startup_seconds: float | None = None
-) -> dict:
+) -> Runtime:
     """Write results/runtime/<stage>.json for the stage this process ran (with its memory budget
     when `budget`, and the seconds it took to start: process start to its main(), imports included,
     when given); -> the record."""
     from scripts.pipeline import atomic, layout
 
-    rec = {
-        "stage": stage_name(),
-        "argv": sys.argv[1:],
-        "seconds": process_seconds(),
-        **({"startup_seconds": startup_seconds} if startup_seconds is not None else {}),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "peak_anon_bytes": anon_peak_bytes,
-        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    if budget:
-        rec["memory_budget"] = memory_budget(anon_peak_bytes, root)
-    atomic.write_json(layout.runtime_path(rec["stage"], root), rec)
-    return rec
+    run = Runtime(
+        stage=stage_name(),
+        argv=sys.argv[1:],
+        seconds=process_seconds(),
+        peak_rss_bytes=peak_rss_bytes(),
+        peak_anon_bytes=anon_peak_bytes,
+        finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        startup_seconds=startup_seconds,
+        memory_budget=memory_budget(anon_peak_bytes, root) if budget else None,
+    )
+    atomic.write_json(layout.runtime_path(run.stage, root), run.to_json())
+    return run

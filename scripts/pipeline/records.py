@@ -23,6 +23,13 @@ from scripts.pipeline.errors import ClefError
 
 SCHEMA = 1
 R = TypeVar("R", bound="Record")
+OMIT_IF_NONE = "omit_if_none"
+
+
+def optional(default=None):
+    """A field a record holds only when it has a value: left out of the JSON when None (a figure some
+    runs do not measure), and None when a document lacks it."""
+    return dataclasses.field(default=default, metadata={OMIT_IF_NONE: True})
 
 
 def _plain(value: Any) -> Any:
@@ -54,8 +61,12 @@ class Record:
     """Mixin for a dataclass that crosses a stage boundary as JSON."""
 
     def to_json(self) -> dict[str, Any]:
-        """The record's fields, in declaration order, as JSON holds them."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        """The record's fields, in declaration order, as JSON holds them (an `optional` one only when set)."""
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            if not (f.metadata.get(OMIT_IF_NONE) and getattr(self, f.name) is None)
+        }
 
     @classmethod
     def from_json(cls: type[R], doc: Any, where: str) -> R:
