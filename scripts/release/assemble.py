@@ -16,8 +16,10 @@ from scripts.pipeline import atomic, layout, pictures, provenance
 from scripts.pipeline.records import Record
 from scripts.qwen35.host import Host
 from scripts.release import builder, card, entries, reader, signing
+from scripts.release.builder import HostSection
 from scripts.release.entries import HeldFile
 from scripts.release.preflight import CheckedGraph
+from scripts.release.signing import Signed, Unsigned
 
 PICTURES = "pictures"  # the card's charts, in the release (scripts/pipeline/pictures.py)
 
@@ -74,6 +76,27 @@ def bundle_section(held: HeldFile) -> BundleSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelSection(Record):
+    """The manifest's `model` entry: the checkpoint (its repository, revision and source) and each of
+    its snapshot files' sha256 and size, from the snapshot record."""
+
+    repo: str
+    revision: str
+    source: str
+    snapshot_files: dict[str, dict]
+
+    @classmethod
+    def of(cls, rec: dict) -> ModelSection:
+        files = sorted(rec["files"], key=lambda e: e["name"])
+        return cls(
+            rec["repo"],
+            rec["revision"],
+            rec["source"],
+            {e["name"]: {"sha256": e["sha256"], "size": e["size"]} for e in files},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest(Record):
     """The release's manifest.json (scripts/release/reader.py reads it back, as JSON)."""
 
@@ -81,30 +104,18 @@ class Manifest(Record):
     name: str
     layout: str
     bundle: BundleSection | None
-    model: dict
+    model: ModelSection
     form: str
     weights: str
     params: dict
     versions: dict
     git: dict
-    host: dict
+    host: HostSection
     artifacts: dict[str, dict]
     verification: dict[str, dict]
     stages: dict
     files: dict[str, dict]
-    signing: dict
-
-
-def model_section(rec: dict) -> dict:
-    """The manifest's `model` entry: the checkpoint, from its snapshot record."""
-    return {
-        "repo": rec["repo"],
-        "revision": rec["revision"],
-        "source": rec["source"],
-        "snapshot_files": {
-            e["name"]: {"sha256": e["sha256"], "size": e["size"]} for e in sorted(rec["files"], key=lambda e: e["name"])
-        },
-    }
+    signing: Signed | Unsigned
 
 
 def plot_tables(artifacts: dict[str, dict]) -> None:
@@ -149,7 +160,7 @@ def build(
     """The release into build_dir (signed when `key`, the loaded release.signing_key, is not None) and
     its tarball into dist_dir -> the manifest."""
     build_dir.mkdir(parents=True)
-    host_section = builder.host_files(snap, Host(snap), build_dir, p["release"]["host_weights"])
+    host = builder.host_files(snap, Host(snap), build_dir, p["release"]["host_weights"])
     lock = builder.lock_stages()
     holders = entries.place_graphs(graphs, build_dir, lock, p["release"]["layout"], merged)
     artifacts, hashed = {}, {}
@@ -167,27 +178,33 @@ def build(
     for file, (title, drawn) in pictures.release_pictures(artifacts).items():
         atomic.write_text(build_dir / PICTURES / file, drawn)
         shown[f"{PICTURES}/{file}"] = title
-    bundle_json = bundled.to_json() if bundled is not None else None
-    theirs = card.checkpoint_card(snap)
-    atomic.write_text(
-        build_dir / reader.CARD,
-        card.render(
-            name, rec, form, p["weights"], host_section, artifacts, overall, signed, bundle_json, theirs, shown
-        ),
+    drawn_card = card.render(
+        name,
+        rec,
+        form,
+        p["weights"],
+        host.to_json(),
+        artifacts,
+        overall,
+        signed.to_json(),
+        bundled.to_json() if bundled is not None else None,
+        card.checkpoint_card(snap),
+        shown,
     )
+    atomic.write_text(build_dir / reader.CARD, drawn_card)
     files = builder.file_table(build_dir, hashed)
     manifest = Manifest(
         reader.FORMAT,
         name,
         p["release"]["layout"],
         bundled,
-        model_section(rec),
+        ModelSection.of(rec),
         form,
         p["weights"],
         p,
         provenance.package_versions(),
         provenance.git_state(),
-        host_section,
+        host,
         artifacts,
         overall,
         lock,
