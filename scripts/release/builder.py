@@ -9,6 +9,7 @@ only in manifest.json.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from scripts.checkpoint.snapshot import file_digests, sha256_file
 from scripts.pipeline import atomic, params
+from scripts.pipeline.records import Record
 from scripts.release.reader import HOST_TENSORS, HOST_WEIGHTS, MANIFEST, host_tables, tensor_sha256
 
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
@@ -35,7 +37,29 @@ def place(src: Path, dest: Path) -> None:
         shutil.copyfile(src, dest)
 
 
-def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class HostTensor(Record):
+    """One host table the release describes: its checkpoint key, dtype, shape, sha256 of its raw bytes
+    (reader.tensor_sha256) and the checkpoint file holding it."""
+
+    key: str
+    dtype: str
+    shape: list[int]
+    sha256: str
+    source_file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSection(Record):
+    """The manifest's `host` entry: release.host_weights, the host tables by role (reader.HOST_TENSORS),
+    and the release file holding them (None unless the mode is `include`)."""
+
+    weights: str
+    tensors: dict[str, HostTensor]
+    weights_file: str | None
+
+
+def host_files(snap: Path, host, dest: Path, mode: str) -> HostSection:
     """Copy the snapshot's non-weight files (config, tokenizer) to dest/host and, under mode
     `include`, embed_tokens and lm_head as bf16 safetensors; -> the manifest's `host` section."""
     from safetensors.torch import save_file
@@ -48,13 +72,13 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
     index = json.loads((snap / "model.safetensors.index.json").read_text())["weight_map"]
     tables = host_tables(host)
     tensors = {
-        role: {
-            "key": key,
-            "dtype": str(tables[role].dtype).replace("torch.", ""),
-            "shape": list(tables[role].shape),
-            "sha256": tensor_sha256(tables[role]),
-            "source_file": index[key],
-        }
+        role: HostTensor(
+            key,
+            str(tables[role].dtype).replace("torch.", ""),
+            list(tables[role].shape),
+            tensor_sha256(tables[role]),
+            index[key],
+        )
         for role, key in HOST_TENSORS.items()
     }
     if mode == "include":
@@ -63,7 +87,7 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> dict:
             str(dest / HOST_WEIGHTS),
             metadata={"format": "pt"},
         )
-    return {"weights": mode, "tensors": tensors, "weights_file": HOST_WEIGHTS if mode == "include" else None}
+    return HostSection(mode, tensors, HOST_WEIGHTS if mode == "include" else None)
 
 
 def signatures(census: dict, contract: dict) -> dict:

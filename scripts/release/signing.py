@@ -10,6 +10,7 @@ hashes together, a rewritten provenance, a loosened threshold. Keys are PEM file
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
 
 SIGNATURE = "model.sig"  # the library's own default name for a model's signature
 PASSWORD_ENV = "CLEF_SIGNING_KEY_PASSWORD"
@@ -104,17 +106,37 @@ def tool() -> str:
     return f"model-signing {metadata.version('model-signing')}"
 
 
-def section(private_key) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Unsigned(Record):
+    """The manifest's `signing` entry of an unsigned release, and why it is not signed."""
+
+    signed: bool
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Signed(Record):
+    """The manifest's `signing` entry of a signed release: the signature file, the key that made it,
+    the tool, and what the signature covers."""
+
+    signed: bool
+    signature: str
+    key_fingerprint: str
+    tool: str
+    covers: str
+
+
+def section(private_key) -> Signed | Unsigned:
     """The manifest's `signing` entry for a release signed with `private_key` (None: unsigned)."""
     if private_key is None:
-        return {"signed": False, "why": "params.yaml release.signing_key is not set"}
-    return {
-        "signed": True,
-        "signature": SIGNATURE,
-        "key_fingerprint": fingerprint(private_key.public_key()),
-        "tool": tool(),
-        "covers": f"every file of the release but {SIGNATURE}, manifest included, by sha256",
-    }
+        return Unsigned(False, "params.yaml release.signing_key is not set")
+    return Signed(
+        True,
+        SIGNATURE,
+        fingerprint(private_key.public_key()),
+        tool(),
+        f"every file of the release but {SIGNATURE}, manifest included, by sha256",
+    )
 
 
 def _hashing(root: Path):
