@@ -97,16 +97,24 @@ def test_signatures_take_shapes_from_the_file_and_meaning_from_the_contract():
     assert sig["outputs"][0]["meaning"] == "the output"
 
 
-def test_lock_stages_reads_every_stage_but_the_release(tmp_path):
-    (tmp_path / "dvc.lock").write_text(
-        "schema: '2.0'\nstages:\n  export@64:\n    cmd: python -m stages.export --length 64\n"
-        "    deps:\n    - path: hf\n      md5: aaa.dir\n    outs:\n    - path: artifacts/rows/row_L64.tflite\n"
-        "      md5: bbb\n  release:\n    cmd: python -m stages.release\n"
+def test_lock_stages_reads_the_stages_upstream_of_the_release_only(tmp_path):
+    """export@64 writes what the release reads; latency reads the graph but the release does not read
+    latency's output, so latency's hashes (which can change after the release ran) are not its provenance."""
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  release:\n    cmd: python -m stages.release\n    deps:\n    - artifacts/rows\n"
     )
-    stages = builder.lock_stages(tmp_path / "dvc.lock")
-    assert list(stages) == ["export@64"]
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  fetch:\n    cmd: python -m stages.fetch\n    outs:\n    - path: hf\n"
+        "      md5: zzz.dir\n  export@64:\n    cmd: python -m stages.export --length 64\n"
+        "    deps:\n    - path: hf\n      md5: aaa.dir\n    outs:\n    - path: artifacts/rows/row_L64.tflite\n"
+        "      md5: bbb\n  latency:\n    cmd: python -m stages.latency\n    deps:\n"
+        "    - path: artifacts/rows\n      md5: ccc.dir\n    outs:\n    - path: results/latency.json\n"
+        "      md5: ddd\n  release:\n    cmd: python -m stages.release\n"
+    )
+    stages = builder.lock_stages(tmp_path / "dvc.lock", pipeline=tmp_path / "dvc.yaml")
+    assert list(stages) == ["export@64", "fetch"]  # fetch through export's dep on hf
     assert stages["export@64"]["outs"] == {"artifacts/rows/row_L64.tflite": "bbb"}
-    assert builder.lock_stages(tmp_path / "absent.lock") == {}
+    assert builder.lock_stages(tmp_path / "absent.lock", pipeline=tmp_path / "dvc.yaml") == {}
 
 
 def test_tensor_hash_is_dtype_exact():

@@ -108,10 +108,12 @@ def signatures(census: dict, contract: dict) -> dict:
     return out
 
 
-def lock_stages(path: Path = Path("dvc.lock")) -> dict:
-    """Every stage's entry in dvc.lock as {stage: {cmd, deps, outs, params}} with md5 per path.
-    Read, not declared as a dependency: DVC rewrites it after each stage, so under `dvc repro` it
-    holds every upstream stage's hashes by the time the release runs."""
+def lock_stages(path: Path = Path("dvc.lock"), stage: str = "release", pipeline: Path = Path("dvc.yaml")) -> dict:
+    """The dvc.lock entries of the stages `stage` depends on, transitively, as {stage: {cmd, deps, outs,
+    params}} with md5 per path: what produced its inputs, and nothing downstream or beside it (a stage
+    that reran after it, `latency` say, would otherwise be recorded at hashes it never saw). Read, not
+    declared as a dependency: DVC rewrites it after each stage, so under `dvc repro` it holds every
+    upstream stage's hashes by the time `stage` runs."""
     import yaml
 
     if not path.is_file():
@@ -121,6 +123,23 @@ def lock_stages(path: Path = Path("dvc.lock")) -> dict:
     def hashes(entries):
         return {e["path"]: e.get("md5") for e in entries or []}
 
+    def covers(out: str, dep: str) -> bool:
+        return dep == out or dep.startswith(out.rstrip("/") + "/") or out.startswith(dep.rstrip("/") + "/")
+
+    declared = yaml.safe_load(pipeline.read_text())["stages"][stage].get("deps", [])
+    wanted, upstream = set(declared), set()
+    while True:
+        found = {
+            name
+            for name, st in stages.items()
+            if name != stage
+            and name not in upstream
+            and any(covers(o, d) for o in hashes(st.get("outs")) for d in wanted)
+        }
+        if not found:
+            break
+        upstream |= found
+        wanted |= {d for name in found for d in hashes(stages[name].get("deps"))}
     return {
         name: {
             "cmd": st.get("cmd"),
@@ -129,7 +148,7 @@ def lock_stages(path: Path = Path("dvc.lock")) -> dict:
             "params": st.get("params", {}),
         }
         for name, st in sorted(stages.items())
-        if name != "release"
+        if name in upstream
     }
 
 
