@@ -249,8 +249,8 @@ def test_form_applied_switches_every_layer_and_restores_exactly(stack):
     with torch.no_grad():
         ref = stack(inputs_embeds=x, use_cache=False).last_hidden_state
         with gated_delta.form_applied(stack, "R64+sp+ec+dd+vs6") as changed:
-            assert changed["layers"] == len(layers) == 6 and changed["norm_eps_scale"] == 4096
-            assert changed["softplus"] == "not applied (stock class)"  # the stock class calls F.softplus
+            assert changed.layers == len(layers) == 6 and changed.norm_eps_scale == 4096
+            assert changed.softplus == "not applied (stock class)"  # the stock class calls F.softplus
             assert all(m.chunk_gated_delta_rule.form == kernel_form.parse("R64+sp+ec+dd+vs6") for m in layers)
             assert all(m.norm.variance_epsilon == eps * 4096 for m, (_, eps) in zip(layers, before, strict=True))
             formed = stack(inputs_embeds=x, use_cache=False).last_hidden_state

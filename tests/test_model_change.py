@@ -43,7 +43,7 @@ def test_every_change_at_once_applies_and_is_undone_after_an_error(stock):
             stock, patch=True, form=FORM, memory_cut=True, pad_guard=False, split_over=2000, count_interleave=True
         ) as done:
             layers = [m for m in stock.modules() if isinstance(m, ClefGatedDeltaNet)]
-            assert len(layers) == 6 and done.form["form"] == FORM and done.split > 0
+            assert len(layers) == 6 and done.form.form == FORM and done.split > 0
             assert all(m.chunk_gated_delta_rule.form == kernel_form.parse(FORM) for m in layers)
             assert all(not m.chunk_gated_delta_rule.carry_state and not m.pad_decay_guard for m in layers)
             assert any(isinstance(m, SplitLinear) for m in stock.modules())

@@ -46,7 +46,7 @@ def test_patch_switches_classes_not_weights(patched):
     gdn = [layer.linear_attn for layer in model.layers if layer.block_type == "linear_attention"]
     assert gdn and all(type(m) is patch.ClefGatedDeltaNet for m in gdn)
     assert model.config._attn_implementation == patch.ATTENTION
-    assert applied["softplus"] == "safe" and applied["layers"] == len(gdn)
+    assert applied.softplus == "safe" and applied.layers == len(gdn)
 
 
 def test_stock_twin_shares_storage(patched):

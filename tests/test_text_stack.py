@@ -40,6 +40,24 @@ def test_structure_comes_from_the_config(stack, tiny_snapshot):
     assert info["attention_heads"]["output_gate"] is True
 
 
+def test_the_description_heads_the_load_facts(stack, tiny_snapshot):
+    """describe's record is what the facts (results/stack.json) start with, field for field."""
+    model, info = stack
+    described = text_stack.describe(model, text_stack.text_config(tiny_snapshot))
+    assert described.gdn_heads.ratio == described.gdn_heads.v // described.gdn_heads.k
+    assert described.attention_heads.output_gate is True and described.embed_tokens is None
+    assert list(info)[: len(described.to_json())] == list(described.to_json())
+    assert {k: info[k] for k in described.to_json()} == described.to_json()
+
+
+def test_a_stack_without_attention_has_no_attention_entry(tiny_snapshot):
+    cfg = text_stack.text_config(tiny_snapshot)
+    cfg.layer_types = ["linear_attention"] * cfg.num_hidden_layers
+    doc = text_stack.describe(text_stack.build_on_meta(cfg), cfg).to_json()
+    assert "attention_heads" not in doc and doc["attention_layers"] == []
+    assert doc["gdn_heads"]["k"] == cfg.linear_num_key_heads and "embed_tokens" in doc
+
+
 def test_equals_the_stock_models_text_stack(stack, tiny_snapshot):
     """Our meta-device build with assigned fp32 weights computes what transformers' own load computes."""
     from transformers import Qwen3_5ForConditionalGeneration

@@ -25,10 +25,14 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from scripts.checkpoint.snapshot import check_readable, record, sha256_file, snapshot_dir
 from scripts.pipeline import atomic
 from scripts.pipeline.errors import ClefError
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import RepoSibling
 
 # The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer, and the model
 # card (README.md), whose license and base model the release's card carries.
@@ -110,7 +114,7 @@ def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
     return repo, revision
 
 
-def hub_files(siblings) -> dict:
+def hub_files(siblings: list[RepoSibling]) -> dict[str, RepoSibling]:
     """name -> the hub's entry (size, blob_id, lfs) of every listed file snapshot_download will fetch."""
     from huggingface_hub.utils import filter_repo_objects  # the very filter snapshot_download applies
 
@@ -118,16 +122,16 @@ def hub_files(siblings) -> dict:
     return {name: by_name[name] for name in filter_repo_objects(list(by_name), allow_patterns=HUB_PATTERNS)}
 
 
-def listed_size(entry) -> int | None:
+def listed_size(entry: RepoSibling) -> int | None:
     return entry.lfs.size if entry.lfs is not None else entry.size
 
 
-def bytes_left(storage: Path, revision: str, listed: dict) -> int:
+def bytes_left(storage: Path, revision: str, listed: dict[str, RepoSibling]) -> int:
     """Bytes of `listed` files still to download (or copy) into the cache folder `storage` of the repository."""
     return sum(max(0, (listed_size(e) or 0) - held(storage, revision, n, e)) for n, e in listed.items())
 
 
-def held(storage: Path, revision: str, name: str, entry) -> int:
+def held(storage: Path, revision: str, name: str, entry: RepoSibling) -> int:
     """Bytes of file `name` the cache folder `storage` already holds: its snapshot entry's or its blob's
     (named by its etag: the LFS sha256, else the git blob id), which snapshot_download links without
     fetching it again; 0 when it holds neither."""
@@ -136,7 +140,7 @@ def held(storage: Path, revision: str, name: str, entry) -> int:
     return next((p.stat().st_size for p in candidates if p.is_file()), 0)
 
 
-def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dict) -> None:
+def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> None:
     """Refuse to start a download the disk holding `cache` has no room for (plus DISK_MARGIN)."""
     # A killed attempt leaves its temporary files behind; huggingface_hub names them per process
     # and never resumes them, so they only take room.
@@ -155,7 +159,7 @@ def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dic
         )
 
 
-def check_download(snapshot: Path, repo: str, revision: str, listed: dict) -> None:
+def check_download(snapshot: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> None:
     """Check the downloaded files against the hub's list (`problems`).
 
     huggingface_hub checks a transfer's length but no hash, and trusts a blob already in the cache:
@@ -178,7 +182,7 @@ def check_download(snapshot: Path, repo: str, revision: str, listed: dict) -> No
 HASH_NAMES = {"sha256": "sha256", "git-sha1": "git blob sha1"}
 
 
-def problems(folder: Path, repo: str, revision: str, listed: dict) -> dict[str, str]:
+def problems(folder: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> dict[str, str]:
     """name -> what is wrong, for each `listed` file in `folder` that is not the hub's: its size first
     (cheap, and the clearer line), then its sha256 (LFS files) or git blob id through huggingface_hub's
     `verify_repo_checksums`, run over a folder linking only these files so nothing else is hashed."""
@@ -211,7 +215,7 @@ def user_cache_snapshot(repo: str, revision: str) -> Path:
     return Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "snapshots" / revision
 
 
-def copy_from_user_cache(storage: Path, repo: str, revision: str, listed: dict) -> list[str]:
+def copy_from_user_cache(storage: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> list[str]:
     """Copy into the partial snapshot under `storage` each `listed` file it lacks that the user's Hugging
     Face cache holds with the hub's size and hash; -> the names copied. A file that fails the check is
     named and left where it is (the user's cache is theirs): huggingface_hub downloads it instead."""
@@ -299,7 +303,7 @@ def _hub_errors(repo: str, revision: str):
         raise ClefError(f"download of {repo}@{revision} failed: {first}") from None
 
 
-def fetch(model: dict, cache: Path = Path("hf")) -> dict:
+def fetch(model: dict[str, Any], cache: Path = Path("hf")) -> dict[str, Any]:
     """Build the snapshot for params `model` under `cache` atomically; -> its file record."""
     cache = Path(cache)
     partial = atomic.partial_dir(cache)
@@ -323,7 +327,7 @@ def fetch(model: dict, cache: Path = Path("hf")) -> dict:
     return {**rec, "path": os.path.relpath(snapshot_dir(cache, repo, revision))}
 
 
-def changed_in_place(kept: Path, rec: dict) -> list[str]:
+def changed_in_place(kept: Path, rec: dict[str, Any]) -> list[str]:
     """The files of `rec` that the snapshot directory `kept`, left by an earlier fetch of the same revision
     (hf/ persists across runs: dvc.yaml), holds with other bytes: an edit in place, which DVC noticed."""
     return [

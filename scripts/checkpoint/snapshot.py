@@ -16,6 +16,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from scripts.pipeline.errors import ClefError
 
@@ -67,7 +68,7 @@ def refuse_pickles(names) -> None:
         )
 
 
-def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = Path(".")) -> dict:
+def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = Path(".")) -> dict[str, Any]:
     """The file record of a finished snapshot: every file with its size and sha256."""
     snapshot = Path(snapshot)
     names = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
@@ -82,7 +83,7 @@ def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = P
     }
 
 
-def read_json(path: str | Path) -> dict:
+def read_json(path: str | Path) -> dict[str, Any]:
     """A JSON file of a snapshot (config.json, tokenizer_config.json, the safetensors index), or one
     line naming the file and what is wrong with it."""
     path = Path(path)
@@ -97,7 +98,7 @@ def read_json(path: str | Path) -> dict:
     return doc
 
 
-def text_config(snapshot: str | Path) -> dict:
+def text_config(snapshot: str | Path) -> dict[str, Any]:
     """config.json's `text_config` of a snapshot (or a release's host/ directory), or one line."""
     path = Path(snapshot) / "config.json"
     text = read_json(path).get("text_config")
@@ -130,14 +131,14 @@ def check_tokenizer(snapshot: str | Path) -> None:
             read_json(Path(snapshot) / name)
 
 
-def load_record(path: str | Path = "results/snapshot.json") -> dict:
+def load_record(path: str | Path = "results/snapshot.json") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ClefError(f"no snapshot record at {path}: run the fetch stage first")
     return json.loads(path.read_text())
 
 
-def verify(rec: dict, root: Path = Path("."), names=None) -> Path:
+def verify(rec: dict[str, Any], root: Path = Path("."), names=None) -> Path:
     """Check files of the recorded snapshot (all, or `names`) against the record; return its path.
 
     Sizes first for every file (cheap, catches truncation), then sha256. Pickles are refused.

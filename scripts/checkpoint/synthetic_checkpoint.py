@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,7 +49,7 @@ REAL_WIDTHS = {
 PROJECTION_GAIN = tiny.PROJECTION_STD * math.sqrt(tiny.TEXT_CONFIG["hidden_size"])
 
 
-def text_config(layers: int) -> dict:
+def text_config(layers: int) -> dict[str, Any]:
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ValueError(f"layers must be a positive integer, got {layers!r}")
     kinds = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]

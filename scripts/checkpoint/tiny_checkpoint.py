@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import zlib
+from typing import Any
 
 import torch
 
@@ -149,7 +150,7 @@ def mtp_shapes(hidden: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def config(text_config: dict = TEXT_CONFIG) -> dict:
+def config(text_config: dict[str, Any] = TEXT_CONFIG) -> dict[str, Any]:
     """config.json for a text stack `text_config` (the tiny one by default) with the toy vision tower."""
     n = len(SPECIAL_TOKENS)
     first_special = 256 + len(MERGES)
@@ -287,7 +288,7 @@ def _draw(name: str, shape: tuple[int, ...], projection_std: float = PROJECTION_
     return projection_std * randn()
 
 
-def shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+def shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every checkpoint key of config `cfg` with its shape (read off a model built on the meta device)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 

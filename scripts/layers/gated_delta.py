@@ -399,7 +399,19 @@ def _switch(layers: list, form: Form) -> None:
         m.chunk_gated_delta_rule = kernel
 
 
-def set_form(model: torch.nn.Module, form: Form | str) -> dict:
+@dataclass(frozen=True)
+class FormChange:
+    """What `set_form` did to a model: the form, how many GatedDeltaNets took it, their kernel, where
+    the softplus comes from, and the factor on the gated norm's eps."""
+
+    form: str
+    layers: int
+    kernel: str
+    softplus: str  # "stock", "safe", or "not applied (stock class)"
+    norm_eps_scale: float
+
+
+def set_form(model: torch.nn.Module, form: Form | str) -> FormChange:
     """Every GatedDeltaNet of `model` computes with `form` from now on (a model built for one form:
     patched_model.load, a float64 reference); -> what changed. `form_applied` is the same for a block.
 
@@ -413,13 +425,13 @@ def set_form(model: torch.nn.Module, form: Form | str) -> dict:
 
     _switch(layers, form)
     stock_class = any(type(m) is Qwen3_5GatedDeltaNet for m in layers)
-    return {
-        "form": str(form),
-        "layers": len(layers),
-        "kernel": layers[0].chunk_gated_delta_rule.__name__,
-        "softplus": "stock" if not form.sp else ("not applied (stock class)" if stock_class else "safe"),
-        "norm_eps_scale": form.v_scale**2,
-    }
+    return FormChange(
+        form=str(form),
+        layers=len(layers),
+        kernel=layers[0].chunk_gated_delta_rule.__name__,
+        softplus="stock" if not form.sp else ("not applied (stock class)" if stock_class else "safe"),
+        norm_eps_scale=form.v_scale**2,
+    )
 
 
 @contextlib.contextmanager

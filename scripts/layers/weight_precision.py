@@ -13,6 +13,7 @@ model gives the quantization's effect, a separate figure.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ class Applied:
     changed: int  # elements whose value is not the float32 one
     max_abs_change: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 

@@ -31,9 +31,9 @@ from scripts.qwen35 import patch as row_patch
 class Changes:
     """What a `changed` block did: the form's report (set_form), the Linears split, the interleave count."""
 
-    form: dict | None = None
+    form: gated_delta.FormChange | None = None
     split: int | None = None
-    interleave_calls: dict | None = None
+    interleave_calls: dict[str, int] | None = None
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ inputs with a one-hot selection (a matmul, no GATHER op).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -84,10 +85,10 @@ def state_names(model) -> list[str]:
     return names + [SLOTS]
 
 
-def zero_state(model, slots: int = 0) -> dict:
+def zero_state(model, slots: int = 0) -> dict[str, torch.Tensor]:
     """The state before any token: zeros, with `slots` empty attention slots."""
     cfg = model.config
-    state = {}
+    state: dict[str, torch.Tensor] = {}
     for i, layer in enumerate(model.layers):
         if layer.block_type == "linear_attention":
             m = layer.linear_attn
@@ -100,7 +101,7 @@ def zero_state(model, slots: int = 0) -> dict:
     return state
 
 
-def state_shapes(model, slots: int) -> dict:
+def state_shapes(model, slots: int) -> dict[str, list[int]]:
     """{name: shape} of the state a suffix takes after a prefix of `slots` positions."""
     return {name: list(t.shape) for name, t in zero_state(model, slots).items()}
 
@@ -209,7 +210,7 @@ class PairSuffix(nn.Module):
         return {"hidden": hidden, **new}
 
 
-def contract(model, prefix: int, suffix: int, form: str) -> dict:
+def contract(model, prefix: int, suffix: int, form: str) -> dict[str, Any]:
     """What the pair's two signatures take and give, with the state's scale."""
     from scripts.layers.kernel_form import parse
     from scripts.qwen35.row_graph import CONTRACT_VERSION, rotary_width

@@ -180,7 +180,7 @@ def load(snapshot, form: str, progress: bool = True, block: bool = False, weight
     """The fp32 stack of `snapshot` (block: its first block only, text_stack.first_block) patched for the
     row graph with kernel form `form` applied and its Linear weights holding what they hold once stored
     at `weights` (scripts/layers/weight_precision.py); -> (model, load facts, what the form changed).
-    The facts' `weights` is the weight_precision.Applied record."""
+    The facts' `weights` is the weight_precision.Applied record; what the form changed, gated_delta.FormChange."""
     from scripts.layers import gated_delta, weight_precision
     from scripts.qwen35 import text_stack
 

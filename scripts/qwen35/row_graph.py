@@ -11,6 +11,8 @@ fp16 (limit 65504), so no delegate ever sees inf - inf. The causal part is a con
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -40,7 +42,7 @@ class ClefRowPrefill(nn.Module):
         return {"hidden": hidden}
 
 
-def contract(config, length: int, form: str) -> dict:
+def contract(config, length: int, form: str) -> dict[str, Any]:
     """What the row graph takes and gives, for the release manifest and the model file's metadata."""
     h = config.hidden_size
     r = rotary_width(config)

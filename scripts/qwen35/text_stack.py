@@ -9,14 +9,17 @@ holds for the tiny checkpoint and the real one.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from scripts.checkpoint.snapshot import read_json, refuse_pickles
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
 from scripts.qwen35 import checkpoint_layout
 
 PREFIX = checkpoint_layout.TEXT_PREFIX
@@ -123,8 +126,9 @@ def first_block(cfg) -> int:
 
 def load_text_stack(
     snapshot: Path, attn_implementation: str = "sdpa", model_cls=None, progress: bool = True, block: bool = False
-):
-    """-> (fp32 text model on CPU, eval, no grad, embed_tokens None; the load's facts as a dict).
+) -> tuple[nn.Module, dict[str, Any]]:
+    """-> (fp32 text model on CPU, eval, no grad, embed_tokens None; the load's facts as a dict: the
+    StackDescription's fields, then the tensors read, their dtypes, parameters, fp32 bytes, load time).
     block: only the first block's layers are built and read (first_block), for a per-layer benchmark."""
     from safetensors import safe_open
     from tqdm import tqdm
@@ -160,57 +164,107 @@ def load_text_stack(
     model = model.eval().requires_grad_(False)
     check_structure(model, cfg)
     n_params = sum(p.numel() for p in model.parameters())
-    info = describe(model, cfg)
-    info.update(
-        {
-            "tensors": n_tensors,
-            "source_dtypes": sorted(source_dtypes),
-            "params": n_params,
-            "fp32_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-            "load_seconds": clock.seconds(),
-        }
-    )
+    info = {
+        **describe(model, cfg).to_json(),
+        "tensors": n_tensors,
+        "source_dtypes": sorted(source_dtypes),
+        "params": n_params,
+        "fp32_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "load_seconds": clock.seconds(),
+    }
     return model, info
 
 
-def describe(model: nn.Module, cfg) -> dict:
+@dataclasses.dataclass(frozen=True)
+class GdnHeads(Record):
+    """The GatedDeltaNet's heads: key and value head counts, their ratio, widths, and conv kernel."""
+
+    k: int
+    v: int
+    ratio: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionHeads(Record):
+    """The attention layers' heads: query and key/value counts, width, groups, and the output gate."""
+
+    q: int
+    kv: int
+    head_dim: int
+    num_key_value_groups: int
+    output_gate: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StackDescription(Record):
+    """What a built text stack is (`describe`): the head of results/stack.json. A stack without
+    GatedDeltaNet (or attention) layers has no entry for their heads and kernel."""
+
+    model_class: str
+    layers: int
+    gdn_layers: list[int]
+    attention_layers: list[int]
+    attn_implementation: str
+    hidden_size: int
+    intermediate_size: int
+    final_norm: str
+    rope_parameters: dict[str, Any]  # the config's, as transformers holds it
+    rms_norm_eps: float
+    max_position_embeddings: int
+    embed_tokens: None = None  # the host's table (HOST_TENSORS): never in the stack
+    gdn_heads: GdnHeads | None = None
+    chunk_kernel: str | None = None
+    attention_heads: AttentionHeads | None = None
+
+    ABSENT_WHEN_NONE = ("gdn_heads", "chunk_kernel", "attention_heads")
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in super().to_json().items() if v is not None or k not in self.ABSENT_WHEN_NONE}
+
+
+def describe(model: nn.Module, cfg) -> StackDescription:
     """What the stack is, read off the built modules: layer kinds, head counts, norms, kernel."""
     kinds = [layer.block_type for layer in model.layers]
     gdn = [layer.linear_attn for layer in model.layers if layer.block_type == "linear_attention"]
     attn = [layer.self_attn for layer in model.layers if layer.block_type == "full_attention"]
-    info = {
-        "model_class": type(model).__name__,
-        "layers": len(model.layers),
-        "gdn_layers": [i for i, k in enumerate(kinds) if k == "linear_attention"],
-        "attention_layers": [i for i, k in enumerate(kinds) if k == "full_attention"],
-        "attn_implementation": cfg._attn_implementation,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "final_norm": type(model.norm).__name__,
-        "rope_parameters": dict(cfg.rope_parameters),
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "embed_tokens": None,
-    }
+    gdn_heads = chunk_kernel = attention_heads = None
     if gdn:
         g = gdn[0]
-        info["gdn_heads"] = {
-            "k": g.num_k_heads,
-            "v": g.num_v_heads,
-            "ratio": g.num_v_heads // g.num_k_heads,
-            "k_dim": g.head_k_dim,
-            "v_dim": g.head_v_dim,
-            "conv_kernel": g.conv_kernel_size,
-        }
+        gdn_heads = GdnHeads(
+            k=g.num_k_heads,
+            v=g.num_v_heads,
+            ratio=g.num_v_heads // g.num_k_heads,
+            k_dim=g.head_k_dim,
+            v_dim=g.head_v_dim,
+            conv_kernel=g.conv_kernel_size,
+        )
         kernel = g.chunk_gated_delta_rule
-        info["chunk_kernel"] = getattr(kernel, "__name__", type(kernel).__name__)
+        chunk_kernel = getattr(kernel, "__name__", type(kernel).__name__)
     if attn:
         a = attn[0]
-        info["attention_heads"] = {
-            "q": cfg.num_attention_heads,
-            "kv": cfg.num_key_value_heads,
-            "head_dim": a.head_dim,
-            "num_key_value_groups": a.num_key_value_groups,
-            "output_gate": a.q_proj.out_features == 2 * cfg.num_attention_heads * a.head_dim,
-        }
-    return info
+        attention_heads = AttentionHeads(
+            q=cfg.num_attention_heads,
+            kv=cfg.num_key_value_heads,
+            head_dim=a.head_dim,
+            num_key_value_groups=a.num_key_value_groups,
+            output_gate=a.q_proj.out_features == 2 * cfg.num_attention_heads * a.head_dim,
+        )
+    return StackDescription(
+        model_class=type(model).__name__,
+        layers=len(model.layers),
+        gdn_layers=[i for i, k in enumerate(kinds) if k == "linear_attention"],
+        attention_layers=[i for i, k in enumerate(kinds) if k == "full_attention"],
+        attn_implementation=cfg._attn_implementation,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        final_norm=type(model.norm).__name__,
+        rope_parameters=dict(cfg.rope_parameters),
+        rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=cfg.max_position_embeddings,
+        gdn_heads=gdn_heads,
+        chunk_kernel=chunk_kernel,
+        attention_heads=attention_heads,
+    )
