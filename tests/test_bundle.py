@@ -4,6 +4,7 @@ weight shows in every signature that reads it; what cannot be bundled is refused
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,18 @@ def test_the_bundle_holds_every_signature_renamed_and_each_constant_once(parts, 
     assert m.part_constant_bytes >= 3 * one_copy  # each part held its own copy
     assert m.bytes < 1.2 * max(p.path.stat().st_size for p in parts)
     assert tflite_file.read_metadata(path) == {"kind": "bundle", "graphs": {"row_L4": {"L": 4}}}
+
+
+def test_the_sharing_record_is_what_the_bundle_stage_writes(merged):
+    """Merged is the bundle stage's `sharing` record: its JSON is every field in declaration order, as
+    dataclasses.asdict gave it before, and reads back to the same record."""
+    import dataclasses
+
+    _, m = merged
+    doc = m.to_json()
+    assert doc == dataclasses.asdict(m) == m.as_dict()
+    assert list(doc) == [f.name for f in dataclasses.fields(bundle.Merged)]
+    assert bundle.Merged.from_json(json.loads(json.dumps(doc)), "sharing") == m
 
 
 def test_a_constant_stored_twice_is_found_in_the_file(parts, merged, tmp_path, monkeypatch):

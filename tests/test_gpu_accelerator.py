@@ -44,6 +44,15 @@ def test_refused_ops_and_adapter_are_read_from_the_log():
     assert gpu_accelerator.refused_ops("nothing refused") == [] and gpu_accelerator.adapter_name("") is None
 
 
+def test_a_mode_proof_is_the_probe_record_verify_gpu_writes():
+    """ModeProof is each mode's `probe` in verify_gpu's record: mode, probe_error, arithmetic, in that
+    order, and it reads back to the same proof."""
+    proof = gpu_accelerator.ModeProof("fp16", 1e-3, "fp16")
+    assert proof.to_json() == {"mode": "fp16", "probe_error": 1e-3, "arithmetic": "fp16"} == proof.as_dict()
+    assert list(proof.to_json()) == ["mode", "probe_error", "arithmetic"]
+    assert gpu_accelerator.ModeProof.from_json(proof.to_json(), "probe") == proof
+
+
 class Toy(torch.nn.Module):
     def __init__(self, alias: bool = False, broadcast: bool = False):
         super().__init__()

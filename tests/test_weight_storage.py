@@ -168,6 +168,23 @@ def test_the_census_tells_the_stored_precision_and_a_mismatch_is_named(graphs):
     ]
 
 
+def test_the_graphs_weight_storage_entry_is_the_stored_record(base, tmp_path):
+    """export.write embeds what `store` did as the graph's `weight_storage` metadata: the Stored record
+    with every field, as dataclasses.asdict gave it before Stored was a record, read back whole."""
+    import dataclasses
+
+    model = copy.deepcopy(base)
+    applied = weight_precision.apply(model, "fp16")
+    raw, out = tmp_path / "fp16.raw", tmp_path / "fp16.tflite"
+    export.convert(model, {"x": X}, raw)
+    export.write(out, raw, {"weights": "fp16"}, applied)
+    entry = tflite_file.read_metadata(out)["weight_storage"]
+    stored = weight_storage.Stored.from_json(entry, str(out))
+    assert stored.precision == "fp16" and stored.weights == 2 and stored.bytes > 0
+    assert stored.to_json() == dataclasses.asdict(stored) == stored.as_dict() == entry
+    assert list(stored.to_json()) == [f.name for f in dataclasses.fields(weight_storage.Stored)]
+
+
 def test_export_refuses_a_graph_whose_metadata_names_another_precision(graphs, tmp_path):
     import shutil
 

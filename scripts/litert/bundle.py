@@ -19,12 +19,14 @@ import hashlib
 import json
 import mmap
 from pathlib import Path
+from typing import Any
 
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
 from scripts.litert import model_writer, tflite_file
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +38,8 @@ class Part:
 
 
 @dataclasses.dataclass(frozen=True)
-class Merged:
-    """What `merge` wrote: sizes, and how much the sharing saved."""
+class Merged(Record):
+    """What `merge` wrote: sizes, and how much the sharing saved (the bundle stage's `sharing`)."""
 
     bytes: int
     constant_bytes: int  # the bundle's constants, each stored once
@@ -46,8 +48,9 @@ class Merged:
     shared_bytes: int  # bytes of those constants
     signatures: dict[str, int]  # bundle signature -> its subgraph index
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def as_dict(self) -> dict[str, Any]:
+        """to_json under its old name, for stages/bundle.py and scripts/bench/bundle_memory.py."""
+        return self.to_json()
 
 
 def fingerprint(path) -> dict:

@@ -129,7 +129,7 @@ def write(out: Path, raw: Path, meta: dict, applied: weight_precision.Applied) -
                 f"{applied.linears} Linear layers hold {applied.elements} ({stored.kept_float32} FULLY_CONNECTED "
                 "weights did not round-trip and stay float32)"
             )
-        return _write(out, stored_path, {**meta, "weight_storage": stored.as_dict()})
+        return _write(out, stored_path, {**meta, "weight_storage": stored.to_json()})
 
 
 def _write(out: Path, raw: Path, meta: dict) -> int:

@@ -30,11 +30,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from scripts.litert import litert_c
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
 
 INSTALL_HINT = (
     "no Vulkan adapter for LiteRT's GPU accelerator: install Mesa's Vulkan driver >= 25 "
@@ -280,16 +282,17 @@ def compile(path, mode: str = "fp32", census: dict | None = None) -> Compiled:  
 
 
 @dataclass(frozen=True)
-class ModeProof:
+class ModeProof(Record):
     """A mode shown by its effect: the precision probe's error against float64 and the arithmetic it
-    says was used (scripts/litert/precision_probe.py)."""
+    says was used (scripts/litert/precision_probe.py); verify_gpu records it as each mode's `probe`."""
 
     mode: str
     probe_error: float
     arithmetic: str
 
-    def as_dict(self) -> dict:
-        return {"mode": self.mode, "probe_error": self.probe_error, "arithmetic": self.arithmetic}
+    def as_dict(self) -> dict[str, Any]:
+        """to_json under its old name, for stages/verify_gpu.py."""
+        return self.to_json()
 
 
 def prove_mode(mode: str) -> ModeProof:

@@ -364,7 +364,7 @@ class CompiledGraph:
     # The interface of ai_edge_litert's CompiledModel that gpu_accelerator.signature_runner uses, so
     # that one runner (its retries and its one-line failures) serves both routes.
 
-    def get_signature_list(self) -> dict:
+    def get_signature_list(self) -> dict[str, dict[str, list[str]]]:
         return {k: {"inputs": list(s.inputs), "outputs": list(s.outputs)} for k, s in self.signatures.items()}
 
     def get_signature_index(self, key: str) -> int:
@@ -373,7 +373,7 @@ class CompiledGraph:
     def _signature(self, index: int) -> Signature:
         return next(s for s in self.signatures.values() if s.index == index)
 
-    def get_output_tensor_details(self, key: str) -> dict:
+    def get_output_tensor_details(self, key: str) -> dict[str, dict[str, list[int]]]:
         sig = self.signatures[key]
         return {n: {"shape": sig.output_shapes[n]} for n in sig.outputs}
 

@@ -24,6 +24,7 @@ import mmap
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
@@ -333,7 +334,7 @@ def write_with_metadata(src, dst, meta: dict, consume: bool = False) -> int:
     return Path(dst).stat().st_size
 
 
-def read_metadata(source) -> dict | None:
+def read_metadata(source) -> dict[str, Any] | None:
     """The METADATA_NAME entry of model bytes or a .tflite path (only its head is read)."""
     buf = _head_of(source)
     model = schema.Model.GetRootAs(buf, 0)
@@ -373,7 +374,7 @@ def metadata_mismatches(meta: dict | None, expected: dict) -> list[str]:
     return [f"{k} is {meta.get(k)!r}, expected {v!r}" for k, v in expected.items() if meta.get(k) != v]
 
 
-def matmul_flops(source) -> dict:
+def matmul_flops(source) -> dict[str, int]:
     """FLOPs of the model's multiply-accumulate ops, counted from its tensor shapes (2 per MAC):
     FULLY_CONNECTED, BATCH_MATMUL, DEPTHWISE_CONV_2D. What the row graph must compute at least; the
     elementwise ops are not counted. -> {op name: flops}."""

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import mmap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
@@ -28,6 +29,7 @@ from ai_edge_litert.tools import flatbuffer_utils
 
 from scripts.litert import model_writer, tflite_file
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
 
 INT8_SCHEMES = ("weight_only", "dynamic")
 # The tensor type each precision stores a Linear weight as (tflite_file.census: fully_connected_weights).
@@ -36,8 +38,8 @@ _SCALE_STEPS = 4  # neighbouring float32 scales tried when max|row| / 127 does n
 
 
 @dataclasses.dataclass(frozen=True)
-class Stored:
-    """What `store` did to one file."""
+class Stored(Record):
+    """What `store` did to one file (a graph's `weight_storage` metadata entry)."""
 
     precision: str
     scheme: str
@@ -47,8 +49,9 @@ class Stored:
     stored_bytes: int  # ... and as stored (int8: codes and scales)
     bytes: int  # the file written
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def as_dict(self) -> dict[str, Any]:
+        """to_json under its old name, for scripts/bench/weights_bench.py."""
+        return self.to_json()
 
 
 def mismatch(census: dict, declared: str) -> list[str]:
