@@ -3,7 +3,7 @@ the record's keys in the order it has always had them, its metrics row held to 0
 
 from __future__ import annotations
 
-from scripts.checks import bundle_verification
+from scripts.checks import bundle_check, bundle_verification
 from scripts.checks.bundle_verification import BundleRecord
 
 KEYS = [
@@ -64,3 +64,15 @@ def test_the_record_keeps_its_keys_its_metrics_row_and_its_line():
         "bundle: artifacts/bundle/m.tflite (300 bytes, 1.500x row_L8.tflite; 2 signatures; "
         "constants 100 of 250 bytes stored)"
     )
+
+
+def test_the_memory_figures_are_written_as_before():
+    bundle, graph = bundle_check.HeldBytes(30, 40, 50), bundle_check.HeldBytes(10, 20, 25)
+    against = bundle_check.MemoryAgainst(bundle, graph, 2.0, 2.0)
+    assert against.to_json() == {
+        "bundle": {"compiled": 30, "held": 40, "peak": 50},
+        "largest_graph": {"compiled": 10, "held": 20, "peak": 25},
+        "held_over_graph": 2.0,
+        "peak_over_graph": 2.0,
+    }
+    assert list(against.to_json()["bundle"]) == ["compiled", "held", "peak"]

@@ -144,7 +144,7 @@ class BundleRecord(Record):
     identity: list[dict]
     gpu_checked: bool
     gpu_not_checked_why: str | None
-    memory: dict
+    memory: dict[str, bundle_check.MemoryAgainst]
     memory_goal_over_graph: float
     census: dict
     passed: bool
