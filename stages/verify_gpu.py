@@ -17,8 +17,6 @@ from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.qwen35 import text_stack
 
-PARAMS = ["form", "weights", "verify_gpu.section_fraction", "verify_gpu.section_min_bytes", "verify_gpu.section_work"]
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -28,7 +26,17 @@ def main() -> None:
     a = ap.parse_args()
     if (a.length is None) == (a.prefix is None or a.suffix is None):
         raise ClefError("verify_gpu takes --length L (a row graph) or --prefix P --suffix S (a pair)")
-    p = params.load([*PARAMS, "verify_gpu.layers", "model.source"])  # layers: auto reads the source
+    p = params.load(
+        [
+            "form",
+            "weights",
+            "verify_gpu.section_fraction",
+            "verify_gpu.section_min_bytes",
+            "verify_gpu.section_work",
+            "verify_gpu.layers",
+            "model.source",
+        ]
+    )  # layers: auto reads the source
     form = str(kernel_form.parse(p["form"]))
     bounds = gpu_check.limits(p["verify_gpu"])
     of = gpu_verification.GraphShape(a.length, a.prefix, a.suffix)
