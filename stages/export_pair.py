@@ -1,12 +1,10 @@
 """DVC stage `export_pair` (one per pair): artifacts/pairs/pair_P{P}_S{S}.tflite with two signatures,
 `prefix` and `suffix`, over one copy of the weights, with provenance metadata inside."""
 
-import argparse
-
 from scripts.checkpoint import snapshot
 from scripts.layers import kernel_form
 from scripts.litert import export
-from scripts.pipeline import atomic, layout, metrics, params
+from scripts.pipeline import atomic, cli, layout, metrics, params
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import Stopwatch, peak_rss_bytes
 from scripts.qwen35 import pair_graph, patch
@@ -14,10 +12,7 @@ from scripts.qwen35.host import Host
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prefix", type=int, required=True)
-    ap.add_argument("--suffix", type=int, required=True)
-    a = ap.parse_args()
+    a = cli.pair_arguments()
     p = params.load(["form", "weights"])
     form = kernel_form.parse(p["form"])
     rec = snapshot.load_record()

@@ -51,11 +51,11 @@ def main() -> None:
         figures = {}
         for accelerator, mode in (("cpu", "fp32"), ("gpu", "fp32"), ("gpu", "fp16")):
             found = bundle_check.memory_against(Path(tmp) / "bundle.tflite", largest, accelerator, mode)
-            figures[f"{accelerator} {mode}"] = {**found, "three_graphs_over_graph": 3.0}
-            every, one = found["bundle"], found["largest_graph"]
+            figures[f"{accelerator} {mode}"] = {**found.to_json(), "three_graphs_over_graph": 3.0}
+            every, one = found.bundle, found.largest_graph
             print(
-                f"bundle_memory: {accelerator} {mode}: held {every['held'] / 2**20:.0f} MiB with the bundle's "
-                f"{len(LENGTHS)} signatures vs {one['held'] / 2**20:.0f} MiB for one graph "
+                f"bundle_memory: {accelerator} {mode}: held {every.held / 2**20:.0f} MiB with the bundle's "
+                f"{len(LENGTHS)} signatures vs {one.held / 2**20:.0f} MiB for one graph "
                 f"({figures[f'{accelerator} {mode}']['held_over_graph']:.2f}x)",
                 flush=True,
             )

@@ -23,6 +23,7 @@ import torch
 
 from scripts.checks import compare
 from scripts.pipeline import layout
+from scripts.pipeline.records import Record
 from scripts.release import references
 
 
@@ -114,9 +115,28 @@ def _memory_main(accelerator: str, mode: str, path: str) -> None:
     print(json.dumps({"before": before, "compiled": compiled, "held": held_bytes(), "peak": memory_status()["peak"]}))
 
 
-def memory(path: Path, accelerator: str, mode: str = "fp32") -> dict:
-    """What compiling `path` and running each signature once holds, measured in a fresh process ->
-    {held, peak, compiled} in bytes over what the process held before the compile."""
+@dataclasses.dataclass(frozen=True)
+class HeldBytes(Record):
+    """What compiling a graph and running each signature once held, in bytes over what the process held
+    before the compile: after the compile, after the runs, and at its peak."""
+
+    compiled: int
+    held: int
+    peak: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryAgainst(Record):
+    """A bundle's HeldBytes against one of its graphs', and the bundle's held and peak bytes over the graph's."""
+
+    bundle: HeldBytes
+    largest_graph: HeldBytes
+    held_over_graph: float
+    peak_over_graph: float
+
+
+def memory(path: Path, accelerator: str, mode: str = "fp32") -> HeldBytes:
+    """What compiling `path` and running each signature once holds, measured in a fresh process."""
     from scripts.pipeline.errors import ClefError
 
     proc = subprocess.run(
@@ -130,19 +150,14 @@ def memory(path: Path, accelerator: str, mode: str = "fp32") -> dict:
         tail = " ".join(proc.stderr.strip().splitlines()[-1:])
         raise ClefError(f"{path}: the memory probe on the {accelerator} failed (exit {proc.returncode}): {tail}")
     doc = json.loads(lines[-1])
-    return {k: doc[k] - doc["before"] for k in ("compiled", "held", "peak")}
+    return HeldBytes(**{k: doc[k] - doc["before"] for k in ("compiled", "held", "peak")})
 
 
-def memory_against(path: Path, graph: Path, accelerator: str, mode: str = "fp32") -> dict:
+def memory_against(path: Path, graph: Path, accelerator: str, mode: str = "fp32") -> MemoryAgainst:
     """`memory` of `path` (a bundle) against that of `graph` (one of its graphs), each in a process of its
-    own -> both, and the bundle's held and peak bytes over the graph's."""
+    own."""
     one, every = memory(graph, accelerator, mode), memory(path, accelerator, mode)
-    return {
-        "bundle": every,
-        "largest_graph": one,
-        "held_over_graph": every["held"] / max(one["held"], 1),
-        "peak_over_graph": every["peak"] / max(one["peak"], 1),
-    }
+    return MemoryAgainst(every, one, every.held / max(one.held, 1), every.peak / max(one.peak, 1))
 
 
 if __name__ == "__main__":

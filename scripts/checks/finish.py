@@ -15,6 +15,22 @@ from scripts.pipeline.errors import ClefError
 
 
 @dataclass(frozen=True)
+class GraphFindings:
+    """What a verify stage found in one graph file before it is judged: the file's census and metadata
+    (scripts/litert/tflite_file.py) and their problems, every check's row, and the reference record read
+    back through the graph (scripts/release/references.py)."""
+
+    path: Path
+    form: str
+    weights: str
+    census: dict
+    metadata: dict
+    problems: list[str]
+    rows: list[dict]
+    reference: dict
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """What a verify stage found, ready to be finished."""
 

@@ -51,30 +51,36 @@ class Bounded:
     key: str
 
 
+def _global_and_per_position(row: str, section: str, bound: str, per_position_bound: str) -> tuple[Bounded, ...]:
+    """A metrics row's two errors (results/metrics/<row>.json: max_rel and max_rel_per_position), each
+    bounded by its key in params.yaml `section`."""
+    records = f"results/metrics/{row}.json"
+    return (
+        Bounded(records, "max_rel", f"{section}.{bound}"),
+        Bounded(records, "max_rel_per_position", f"{section}.{per_position_bound}"),
+    )
+
+
+def _pair_summary(figure: str, key: str | None = None) -> Bounded:
+    """A figure of verify_pair's summary (results/pair_P*_S*.json), bounded by verify_pair.<key> (the
+    figure's own name by default)."""
+    return Bounded("results/pair_P*_S*.json", f"summary.{figure}", f"verify_pair.{key or figure}")
+
+
 FIGURES = (
     Bounded("results/metrics/kernel.json", "max_rel", "verify_kernel.max_rel_vs_f64"),
     Bounded("results/metrics/kernel.json", "max_rel_state", "verify_kernel.max_rel_vs_f64"),
     Bounded("results/metrics/kernel.json", "max_rel_per_position", "verify_kernel.max_rel_per_position_vs_f64"),
-    Bounded("results/metrics/layers.json", "max_rel", "verify_layers.max_rel_vs_stock_f64"),
-    Bounded("results/metrics/layers.json", "max_rel_per_position", "verify_layers.max_rel_per_position_vs_stock_f64"),
-    Bounded("results/metrics/model.json", "max_rel", "verify_model.max_rel_vs_stock_f64"),
-    Bounded("results/metrics/model.json", "max_rel_per_position", "verify_model.max_rel_per_position_vs_stock_f64"),
+    *_global_and_per_position("layers", "verify_layers", "max_rel_vs_stock_f64", "max_rel_per_position_vs_stock_f64"),
+    *_global_and_per_position("model", "verify_model", "max_rel_vs_stock_f64", "max_rel_per_position_vs_stock_f64"),
     Bounded("results/model.json", "summary.max_rel_causality", "verify_model.max_rel_causality"),
-    Bounded("results/metrics/tflite_L*.json", "max_rel", "verify_tflite.max_rel_vs_torch"),
-    Bounded("results/metrics/tflite_L*.json", "max_rel_per_position", "verify_tflite.max_rel_per_position_vs_torch"),
-    Bounded("results/pair_P*_S*.json", "summary.max_rel_vs_row", "verify_pair.max_rel_vs_row"),
-    Bounded("results/pair_P*_S*.json", "summary.max_rel_prefix_hidden_vs_row", "verify_pair.max_rel_vs_row"),
-    Bounded(
-        "results/pair_P*_S*.json", "summary.max_rel_per_position_vs_row", "verify_pair.max_rel_per_position_vs_row"
-    ),
-    Bounded("results/pair_P*_S*.json", "summary.max_rel_state_vs_stock_f64", "verify_pair.max_rel_state_vs_stock_f64"),
-    Bounded(
-        "results/pair_P*_S*.json",
-        "summary.max_rel_per_position_state_vs_stock_f64",
-        "verify_pair.max_rel_per_position_state_vs_stock_f64",
-    ),
-    Bounded("results/metrics/gpu_*.json", "max_rel", "verify_gpu.max_rel_fp32"),
-    Bounded("results/metrics/gpu_*.json", "max_rel_per_position", "verify_gpu.max_rel_per_position_fp32"),
+    *_global_and_per_position("tflite_L*", "verify_tflite", "max_rel_vs_torch", "max_rel_per_position_vs_torch"),
+    _pair_summary("max_rel_vs_row"),
+    _pair_summary("max_rel_prefix_hidden_vs_row", "max_rel_vs_row"),
+    _pair_summary("max_rel_per_position_vs_row"),
+    _pair_summary("max_rel_state_vs_stock_f64"),
+    _pair_summary("max_rel_per_position_state_vs_stock_f64"),
+    *_global_and_per_position("gpu_*", "verify_gpu", "max_rel_fp32", "max_rel_per_position_fp32"),
 )
 
 # Metrics rows whose control figure (control_over_threshold x the row's threshold: the fault's error) must

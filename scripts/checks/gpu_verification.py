@@ -1,0 +1,223 @@
+"""verify_gpu's work for one graph (a row graph of length L or a pair of prefix P and suffix S): the
+graph compiled for LiteRT's GPU accelerator alone and run in each mode (scripts/checks/gpu_check.py:
+fp32, fp16 and mixed, each first shown by its effect on the precision probe), in sections of at most
+verify_gpu.section_fraction of the stack's weights, never under verify_gpu.section_min_bytes
+(scripts/litert/sections.py: the accelerator holds several times what it compiles) and of
+verify_gpu.section_work / tokens (it waits about two minutes for a run), over the layers
+verify_gpu.layers names (the first block: its residual stream against the first block in torch).
+
+The torch references come first (every one: the graph in torch, stock float64 and float16, one layer
+at a time); then the stack is freed and each mode runs section by section, so the weights are never in
+memory twice (rows). The record (result): fully accelerated or not, every row, each mode's figures and
+its probe, the sections, the accelerator's time; the problems: a partial acceleration, a non-finite
+output, an fp32 error over the bound, or a mode of verify_gpu.held_to_floor over fp16_max_over_floor x
+the torch-float16 floor (global or per position). An int8 graph the accelerator refuses is recorded
+with the op it refuses, not failed (refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts.checks import gpu_check, model_check, tflite_check
+from scripts.checks.finish import CheckResult
+from scripts.pipeline import layout
+from scripts.pipeline.errors import ClefError
+from scripts.qwen35 import pair_graph, patch
+from scripts.qwen35.host import Host
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """Which graph verify_gpu checks: a row graph (length) or a pair (prefix, suffix)."""
+
+    length: int | None
+    prefix: int | None
+    suffix: int | None
+
+    @property
+    def is_row(self) -> bool:
+        return self.length is not None
+
+    @property
+    def kind(self) -> str:
+        return "row" if self.is_row else "pair"
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """As the record holds it: {"L": L} or {"P": P, "S": S}."""
+        return {"L": self.length} if self.is_row else {"P": self.prefix, "S": self.suffix}
+
+    @property
+    def name(self) -> str:
+        """Its metrics row: gpu_row_L{L} or gpu_pair_P{P}_S{S}."""
+        return layout.gpu_name(self.length) if self.is_row else layout.gpu_name(prefix=self.prefix, suffix=self.suffix)
+
+    @property
+    def tokens(self) -> int:
+        """What its longest signature takes."""
+        return self.length if self.is_row else max(self.prefix, self.suffix)
+
+    def require(self) -> Path:
+        """Its .tflite, or one line naming the stage that exports it."""
+        if self.is_row:
+            return layout.require(layout.row_path(self.length), f"export@{self.length}")
+        return layout.require(layout.pair_path(self.prefix, self.suffix), "export_pair")
+
+
+def require_first_block_reaches_all(graph, path: Path) -> None:
+    """The accelerator is shown only the first block: every op kind of the graph must be in it (a
+    sections.SectionedGraph's plans), else one line naming the signature and the kinds it would miss."""
+    unreached = {sig: plan.unreached for sig, plan in graph.plans.items() if plan.unreached}
+    if unreached:
+        sig, kinds = next(iter(unreached.items()))
+        raise ClefError(
+            f"{path} {sig}: op kinds only after the first block, which the GPU check would not run: {kinds}"
+        )
+
+
+def rows(of: GraphShape, snap, form: str, weights: str, layers: int | None, runs: dict) -> list[dict]:
+    """Every row of every mode in `runs` (gpu_check.ModeRun), against references computed first, in torch,
+    with the stack loaded (with `layers`, the first block only: its residual stream where the graph's
+    hidden would be); the stack is freed before any mode runs."""
+    model, _, _ = patch.load(snap, form, progress=False, block=layers is not None, weights=weights)
+    host = Host(snap)
+    stock = gpu_check.StockReferences(model)
+    vocab = model.config.vocab_size
+    with gpu_check.residual_stream(model, stock.twin) if layers else contextlib.nullcontext():
+        if of.is_row:
+            records = tflite_check.row_records(host, of.length, vocab, gpu_check.ROW_RECORDS)
+            refs = gpu_check.row_references(model, host, stock, records)
+        else:
+            P, S = of.prefix, of.suffix
+            shapes = pair_graph.state_shapes(model, P)
+            prefixes = gpu_check.chaining_prefixes(P)
+            tokens = {p: model_check.random_ids(p + S, vocab, 1000 * P + S + p) for p in prefixes}
+            first = prefixes[-1]  # the signature check's prefix, also chained
+            signature_refs = gpu_check.signature_references(
+                pair_graph.PairPrefix(model, P).eval(),
+                pair_graph.PairSuffix(model, P, S).eval(),
+                host,
+                P,
+                S,
+                tokens[first],
+                first,
+            )
+            chaining_refs = gpu_check.chaining_references(model, host, stock, P, S, tokens)
+    del model, stock
+    gc.collect()
+
+    found = []
+    for mode, run in runs.items():  # one mode at a time, one section at a time
+        one = {mode: run}
+        if of.is_row:
+            found += gpu_check.row_rows(one, refs, records)
+        else:
+            found += gpu_check.pair_rows(one, host, signature_refs, chaining_refs, P, S, form, shapes)
+    return found
+
+
+@dataclass(frozen=True)
+class GpuFindings:
+    """What verify_gpu found for one graph before it is judged."""
+
+    of: GraphShape
+    path: Path
+    form: str
+    weights: str
+    census: dict
+    layers_checked: int  # the decoder layers the accelerator ran: hidden is their residual stream when not all
+    layers: int
+    graph: object  # the sections.SectionedGraph it ran: its plans and section limit
+    runs: dict  # {mode: gpu_check.ModeRun}
+    rows: list[dict]
+
+
+def result(found: GpuFindings, bounds: dict) -> CheckResult:
+    """The record (results/gpu/<name>.json), the metrics row and the line."""
+    runs, path, of = found.runs, found.path, found.of
+    limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
+    figures, problems = gpu_check.summary(found.rows, bounds)
+    for mode, run in runs.items():
+        figures["modes"][mode].update(fully_accelerated=run.fully_accelerated, probe=run.proof.as_dict())
+    accelerated = all(run.fully_accelerated for run in runs.values())
+    if not accelerated:
+        problems.insert(0, "is_fully_accelerated() is false")
+    device = runs["fp32"].device
+    doc = {
+        "graph": str(path),
+        "form": found.form,
+        "weights": found.weights,
+        "kind": of.kind,
+        **of.shape,
+        "passed": not problems,
+        "problems": problems,
+        "device": device,
+        "fully_accelerated": accelerated,
+        "layers_checked": found.layers_checked,
+        "layers": found.layers,
+        "signatures": sorted(found.census["signatures"]),
+        "sections": {
+            sig: [{"ops": [sec.ops.start, sec.ops.stop], "constant_bytes": sec.constant_bytes} for sec in plan.sections]
+            for sig, plan in found.graph.plans.items()
+        },
+        "section_limit_bytes": found.graph.max_bytes,
+        "accelerator_seconds": {mode: round(run.seconds, 3) for mode, run in runs.items()},
+        "threshold_fp32": limit,
+        "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"],
+        **figures,
+        "rows": found.rows,
+    }
+    metrics_row = dict(
+        max_rel=figures["fp32_max_rel_vs_torch"],
+        threshold=limit,
+        max_rel_per_position=figures["fp32_max_rel_per_position_vs_torch"],
+        threshold_per_position=bounds["max_rel_per_position_fp32"],
+        fp16_max_rel=figures["fp16_max_rel_vs_f64"],
+        fp16_over_floor=figures["fp16_over_floor"],
+        mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
+        fully_accelerated=accelerated,
+        layers_checked=found.layers_checked,
+        **of.shape,
+    )
+    modes = figures["modes"]
+    line = (
+        f"verify_gpu {path.name} on {device['adapter']}, layers {found.layers_checked} of {found.layers}: "
+        f"fully accelerated {accelerated}; fp32 max rel vs torch "
+        f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
+        f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); "
+        f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}; "
+        + "; ".join(
+            f"{m} vs float64 {modes[m]['max_rel_vs_f64']:.3g}, {modes[m]['over_floor']:.2f}x the "
+            f"floor ({modes[m]['over_floor_per_position']:.2f}x per position)"
+            for m in gpu_check.HALF_MODES
+        )
+        + f" (target {over_floor:g}x; held to it: {', '.join(bounds['held_to_floor']) or 'none'})"
+    )
+    where = layout.gpu_result_path(of.name)
+    return CheckResult(f"verify_gpu {path.name}", of.name, doc, where, metrics_row, [line], problems)
+
+
+def refused(of: GraphShape, path: Path, census: dict, weights: str, form: str, refusal: str) -> CheckResult:
+    """An int8 graph the GPU accelerator refuses: recorded with the op it refuses, not failed (docs/release.md,
+    "Weights": an int8 release runs on the CPU accelerator; fp16 storage is what a GPU takes)."""
+    doc = {
+        "graph": str(path),
+        "form": form,
+        "weights": weights,
+        "kind": of.kind,
+        **of.shape,
+        "passed": True,
+        "problems": [],
+        "fully_accelerated": False,
+        "refused": refusal,
+        "signatures": sorted(census["signatures"]),
+    }
+    line = f"verify_gpu {path.name}: weights {weights}: the GPU accelerator refuses it: {refusal}"
+    where = layout.gpu_result_path(of.name)
+    return CheckResult(
+        f"verify_gpu {path.name}", of.name, doc, where, dict(fully_accelerated=False, **of.shape), [line]
+    )

@@ -1,0 +1,78 @@
+"""The bundle stage's record (scripts/checks/bundle_verification.py): why the GPU is not run on it,
+the record's keys in the order it has always had them, its metrics row held to 0 and its line."""
+
+from __future__ import annotations
+
+from scripts.checks import bundle_check, bundle_verification
+from scripts.checks.bundle_verification import BundleRecord
+
+KEYS = [
+    "file",
+    "form",
+    "weights",
+    "graphs",
+    "signatures",
+    "sharing",
+    "largest_graph",
+    "bytes_over_graph",
+    "bytes_goal_over_graph",
+    "duplicate_constants",
+    "identity",
+    "gpu_checked",
+    "gpu_not_checked_why",
+    "memory",
+    "memory_goal_over_graph",
+    "census",
+    "passed",
+    "problems",
+]
+
+
+def test_the_gpu_runs_the_bundle_only_where_verify_gpu_runs_whole_graphs_it_takes():
+    assert bundle_verification.gpu_not_checked_why("fp16", "all", "tiny") is None
+    assert bundle_verification.gpu_not_checked_why("int8", "all", "tiny").startswith("weights int8")
+    assert bundle_verification.gpu_not_checked_why("fp16", "block", "tiny").startswith("verify_gpu.layers resolves")
+
+
+def test_the_record_keeps_its_keys_its_metrics_row_and_its_line():
+    sharing = {"bytes": 300, "constant_bytes": 100, "part_constant_bytes": 250}
+    doc = BundleRecord(
+        "artifacts/bundle/m.tflite",
+        "R64",
+        "fp16",
+        ["row_L8"],
+        {"row_L8": 0, "prefix_P8_S4": 1},
+        sharing,
+        {"file": "artifacts/rows/row_L8.tflite", "bytes": 200},
+        1.5,
+        1.1,
+        {"buffers": 0, "bytes": 0},
+        [{"graph": "row_L8", "max_rel": 0.0, "identical": True}, {"graph": "row_L8", "max_rel": 1e-3}],
+        False,
+        "why",
+        {},
+        1.2,
+        {"op_total": 7, "max_rank": 4},
+        True,
+        [],
+    )
+    assert list(doc.to_json()) == KEYS
+    assert bundle_verification.metrics_row(doc) == dict(
+        passed=True, max_rel=1e-3, threshold=0.0, bytes=300, op_total=7, max_rank=4
+    )
+    assert bundle_verification.line(doc) == (
+        "bundle: artifacts/bundle/m.tflite (300 bytes, 1.500x row_L8.tflite; 2 signatures; "
+        "constants 100 of 250 bytes stored)"
+    )
+
+
+def test_the_memory_figures_are_written_as_before():
+    bundle, graph = bundle_check.HeldBytes(30, 40, 50), bundle_check.HeldBytes(10, 20, 25)
+    against = bundle_check.MemoryAgainst(bundle, graph, 2.0, 2.0)
+    assert against.to_json() == {
+        "bundle": {"compiled": 30, "held": 40, "peak": 50},
+        "largest_graph": {"compiled": 10, "held": 20, "peak": 25},
+        "held_over_graph": 2.0,
+        "peak_over_graph": 2.0,
+    }
+    assert list(against.to_json()["bundle"]) == ["compiled", "held", "peak"]

@@ -1,0 +1,80 @@
+"""verify_gpu's record (scripts/checks/gpu_verification.py): which graph it checks, the record's keys in
+the order it has always had them, a partial acceleration the first problem, an int8 refusal recorded
+and not failed, and a first block that misses an op kind refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from scripts.checks import gpu_check, gpu_verification
+from scripts.checks.gpu_verification import GpuFindings, GraphShape
+from scripts.pipeline.errors import ClefError
+
+BOUNDS = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0, "held_to_floor": []}
+ROW_KEYS = ["graph", "form", "weights", "kind", "L", "passed", "problems", "device", "fully_accelerated"]
+
+
+def rows() -> list[dict]:
+    out = []
+    for mode in gpu_check.MODES:
+        r = {"mode": mode, "record": "padded", "finite": True, "rel_vs_torch": 1e-6, "rel_per_position_vs_torch": 1e-6}
+        if mode in gpu_check.HALF_MODES:
+            r.update(rel_vs_f64=0.02, rel_per_position_vs_f64=0.02, rel_floor_vs_f64=0.01)
+            r.update(rel_per_position_floor_vs_f64=0.01, over_floor=2.0, over_floor_per_position=2.0)
+        out.append(r)
+    return out
+
+
+def findings(accelerated: bool = True) -> GpuFindings:
+    proof = SimpleNamespace(as_dict=lambda: {"probe_error": 0.0})
+    runs = {
+        mode: SimpleNamespace(fully_accelerated=accelerated, proof=proof, seconds=1.23456, device={"adapter": "soft"})
+        for mode in gpu_check.MODES
+    }
+    graph = SimpleNamespace(plans={}, max_bytes=1000)
+    of = GraphShape(64, None, None)
+    return GpuFindings(
+        of, Path("artifacts/rows/row_L64.tflite"), "R64", "fp32", {"signatures": {}}, 8, 8, graph, runs, rows()
+    )
+
+
+def test_the_graph_checked_is_a_row_or_a_pair():
+    row, pair = GraphShape(64, None, None), GraphShape(None, 256, 64)
+    assert (row.kind, row.shape, row.name, row.tokens) == ("row", {"L": 64}, "gpu_row_L64", 64)
+    assert (pair.kind, pair.shape, pair.name, pair.tokens) == ("pair", {"P": 256, "S": 64}, "gpu_pair_P256_S64", 256)
+
+
+def test_a_fully_accelerated_graph_keeps_the_records_keys_and_passes():
+    result = gpu_verification.result(findings(), BOUNDS)
+    assert list(result.record)[: len(ROW_KEYS)] == ROW_KEYS and list(result.record)[-1] == "rows"
+    assert result.passed and result.record["accelerator_seconds"] == {m: 1.235 for m in gpu_check.MODES}
+    assert result.record["modes"]["fp16"]["fully_accelerated"] is True
+    assert result.figures["L"] == 64 and result.record_path == Path("results/gpu/gpu_row_L64.json")
+    assert result.lines[0].startswith("verify_gpu row_L64.tflite on soft, layers 8 of 8: fully accelerated True")
+
+
+def test_a_partial_acceleration_is_the_first_problem():
+    result = gpu_verification.result(findings(accelerated=False), BOUNDS)
+    assert result.problems[0] == "is_fully_accelerated() is false" and not result.record["passed"]
+
+
+def test_an_int8_refusal_is_recorded_not_failed():
+    of = GraphShape(None, 8, 4)
+    result = gpu_verification.refused(
+        of, Path("p.tflite"), {"signatures": {"suffix": 1, "prefix": 0}}, "int8", "R64", "no"
+    )
+    assert result.passed and result.record["refused"] == "no" and result.record["signatures"] == ["prefix", "suffix"]
+    assert result.figures == {"fully_accelerated": False, "P": 8, "S": 4}
+
+
+def test_a_first_block_missing_an_op_kind_is_refused():
+    graph = SimpleNamespace(
+        plans={"prefix": SimpleNamespace(unreached=[]), "suffix": SimpleNamespace(unreached=["GATHER"])}
+    )
+    with pytest.raises(ClefError, match="p.tflite suffix: op kinds only after the first block"):
+        gpu_verification.require_first_block_reaches_all(graph, Path("p.tflite"))
+    graph.plans["suffix"].unreached = []
+    gpu_verification.require_first_block_reaches_all(graph, Path("p.tflite"))

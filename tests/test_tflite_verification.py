@@ -1,0 +1,68 @@
+"""verify_tflite's judging (scripts/checks/tflite_verification.py): the record's keys in the order it
+has always had them, an error over a bound and a memory-cut control too weak to break it each a problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripts.checks import tflite_verification
+from scripts.checks.tflite_verification import TfliteFindings
+from scripts.layers.weight_precision import Applied
+
+LIMITS = {"rel_vs_torch": 1e-4, "rel_per_position_vs_torch": 1e-4}
+CENSUS = {"op_total": 10, "max_rank": 4, "ops_per_gdn_layer": {"0": 5, "1": 6}}
+EFFECT = [{"rel_vs_unquantized_f64": 1e-3, "top1_agreement": 1.0, "top5_agreement": 1.0, "mean_kl": 0.0}]
+TIMING = {"litert_median_s": 0.002, "torch_median_s": 0.004, "torch_over_litert": 2.0}
+KEYS = [
+    "L",
+    "form",
+    "file",
+    "bytes",
+    "thresholds",
+    "passed",
+    "problems",
+    "rows",
+    "max_rel_vs_torch",
+    "max_rel_per_position_vs_torch",
+    "weights",
+    "quantization_effect",
+    "control_memory_cut",
+    "census",
+    "metadata",
+    "reference_record",
+    "latency",
+]
+
+
+def findings(tmp_path: Path, rel: float, control: float | None) -> TfliteFindings:
+    graph = tmp_path / "row_L8.tflite"
+    graph.write_bytes(b"\0" * 12)
+    row = {"record": "full", "rel_vs_torch": rel, "rel_per_position_vs_torch": rel, "finite": True}
+    if control is not None:
+        row["control_memory_cut_rel_vs_torch"] = control
+    applied = Applied("fp16", 2, 100, 50, 1e-3)
+    return TfliteFindings(
+        graph, "R64", "fp16", CENSUS, {}, [], [row], {}, length=8, applied=applied, effect=EFFECT, timing=TIMING
+    )
+
+
+def test_a_passing_graph_keeps_the_records_keys_and_figures(tmp_path):
+    result = tflite_verification.result(findings(tmp_path, 1e-6, 1.0), LIMITS, 10.0)
+    assert list(result.record) == KEYS and result.passed and result.record["bytes"] == 12
+    assert result.record["weights"]["precision"] == "fp16"
+    assert result.record["control_memory_cut"]["over_threshold"] == 1.0 / 1e-4
+    assert result.figures["ops_per_gdn_layer"] == 6 and result.figures["litert_ms"] == 2.0
+    assert result.record_path == Path("results/tflite_L8.json")
+
+
+def test_no_memory_cut_record_is_recorded_as_not_applying(tmp_path):
+    result = tflite_verification.result(findings(tmp_path, 1e-6, None), LIMITS, 10.0)
+    assert result.passed and result.record["control_memory_cut"]["applies"] is False
+    assert "memory-cut control n/a" in result.lines[0]
+
+
+def test_an_error_over_its_bound_or_a_weak_control_fails(tmp_path):
+    over = tflite_verification.result(findings(tmp_path, 2e-4, 1.0), LIMITS, 10.0)
+    assert not over.passed and over.problems[0].startswith("accuracy: ")
+    weak = tflite_verification.result(findings(tmp_path, 1e-6, 5e-4), LIMITS, 10.0)
+    assert [p.split(":")[0] for p in weak.problems] == ["control memory_cut"]
