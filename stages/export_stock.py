@@ -24,7 +24,7 @@ def main() -> None:
         del model
         gc.collect()  # the stack goes before the interpreter loads
         doc = conversion_bench.litert_timed(doc, path, host)
-    atomic.write_json(layout.result_path("export_stock"), {"revision": rec["revision"], **doc.to_json()})
+    atomic.write_json(layout.result_path("export_stock"), {"revision": rec.revision, **doc.to_json()})
     print(
         f"export_stock L={doc.L}: {doc.ops_per_gdn_layer_max} ops per GatedDeltaNet, "
         f"conversion {doc.convert_seconds:.0f} s"

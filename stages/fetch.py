@@ -11,8 +11,8 @@ from scripts.pipeline.harness import run_stage
 def main() -> None:
     model = params.load(["model"])["model"]
     rec = fetch.fetch(model)
-    atomic.write_json("results/snapshot.json", rec)
-    print(f"fetch: {rec['repo']}@{rec['revision']} ({rec['source']}), {len(rec['files'])} files")
+    atomic.write_json("results/snapshot.json", rec.to_json())
+    print(f"fetch: {rec.repo}@{rec.revision} ({rec.source}), {len(rec.files)} files")
 
 
 if __name__ == "__main__":

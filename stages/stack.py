@@ -18,9 +18,7 @@ def main() -> None:
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
     _, info = text_stack.load_text_stack(path)
-    info.update(
-        {"repo": rec["repo"], "revision": rec["revision"], "source": rec["source"], "peak_rss_bytes": peak_rss_bytes()}
-    )
+    info.update({"repo": rec.repo, "revision": rec.revision, "source": rec.source, "peak_rss_bytes": peak_rss_bytes()})
     limit = bounds.rss_limit(budget, info["fp32_bytes"])
     info["rss_budget"] = {**budget, "limit_bytes": limit, "within": info["peak_rss_bytes"] <= limit}
     atomic.write_json(layout.result_path("stack"), info)

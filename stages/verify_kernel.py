@@ -48,7 +48,7 @@ def main() -> None:
         f"finite: {summary['fp16'][form]['all_finite']}; memory-cut control {compare.shown(control['rel_vs_f64'])} "
         f"({compare.shown(control['over_threshold'])}x the bound)"
     )
-    record = {"heads": heads, "revision": rec["revision"], "summary": summary, "rows": rows}
+    record = {"heads": heads, "revision": rec.revision, "summary": summary, "rows": rows}
     finish(
         CheckResult(
             "verify_kernel", "kernel", record, layout.result_path("kernel"), figures, [line], summary["failures"]

@@ -64,7 +64,7 @@ def main() -> None:
         f"memory-cut control {compare.shown(control)} "
         f"({compare.shown(summary['control_memory_cut']['over_threshold'])}x the bound)"
     )
-    record = {"revision": rec["revision"], "summary": summary, "rows": rows}
+    record = {"revision": rec.revision, "summary": summary, "rows": rows}
     finish(CheckResult("verify_layers", "layers", record, layout.result_path("layers"), figures, [line], fails))
 
 

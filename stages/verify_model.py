@@ -70,7 +70,7 @@ def main() -> None:
         f"{compare.shown(summary['max_control_memory_cut_rel_vs_stock_f64'][n])}"
         for n in map(str, lengths)
     ]
-    record = {"revision": rec["revision"], "summary": summary, "rows": rows}
+    record = {"revision": rec.revision, "summary": summary, "rows": rows}
     finish(CheckResult("verify_model", "model", record, layout.result_path("model"), figures, lines, fails))
 
 

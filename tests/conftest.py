@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def tiny_cache(tmp_path_factory) -> tuple[Path, dict]:
+def tiny_cache(tmp_path_factory) -> tuple[Path, snapshot.SnapshotRecord]:
     """A read-only-by-convention hf/ cache holding the tiny checkpoint, and its file record."""
     cache = tmp_path_factory.mktemp("tiny") / "hf"
     repo, revision = fetch.write_tiny(cache)
@@ -30,7 +30,7 @@ def tiny_cache(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.fixture(scope="session")
 def tiny_snapshot(tiny_cache) -> Path:
     cache, rec = tiny_cache
-    return cache.parent / rec["path"]
+    return cache.parent / rec.path
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def workdir(tmp_path, tiny_cache) -> Path:
     (tmp_path / "results").mkdir()
     from scripts.pipeline import atomic
 
-    atomic.write_json(tmp_path / "results" / "snapshot.json", rec)
+    atomic.write_json(tmp_path / "results" / "snapshot.json", rec.to_json())
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     return tmp_path
 

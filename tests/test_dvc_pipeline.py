@@ -60,6 +60,22 @@ def test_our_modules_import_no_circle(tmp_path):
     assert stage_deps.circles(tmp_path) == [[Path("scripts/errors.py"), Path("scripts/measure.py")]]
 
 
+def test_a_type_only_import_is_no_dependency_and_no_circle(tmp_path):
+    """An import under `if TYPE_CHECKING:` never runs (layout.py names the snapshot record that way):
+    it adds no code dep and closes no circle; the same import outside the block does both."""
+    for top in ("scripts", "stages"):
+        (tmp_path / top).mkdir()
+    (tmp_path / "scripts/__init__.py").write_text("")
+    (tmp_path / "scripts/layout.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from scripts.snapshot import Record\n"
+    )
+    (tmp_path / "scripts/snapshot.py").write_text("from scripts.layout import x\n")
+    assert stage_deps.circles(tmp_path) == []
+    assert Path("scripts/snapshot.py") not in stage_deps.imported(Path("scripts/layout.py"), tmp_path)
+    (tmp_path / "scripts/layout.py").write_text("from scripts.snapshot import Record\n")
+    assert stage_deps.circles(tmp_path) == [[Path("scripts/layout.py"), Path("scripts/snapshot.py")]]
+
+
 def test_the_stage_harness_is_no_stage_dependency():
     """The harness (quiet output, one-line errors, time and memory recorded) changes no output, so an
     edit to it, or to the memory sampler or the log filter it runs, reruns no stage that does not itself

@@ -29,7 +29,7 @@ def test_tiny_fetch_writes_snapshot_and_record(tmp_path, tiny_cache):
     write_params(tmp_path)
     proc = run_stage("fetch", tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rec = json.loads((tmp_path / "results" / "snapshot.json").read_text())
+    rec = snapshot.load_record(tmp_path / "results" / "snapshot.json")
     assert rec == tiny_cache[1]
     assert snapshot.verify(rec, root=tmp_path).is_dir()
     assert not (tmp_path / "hf.partial").exists()

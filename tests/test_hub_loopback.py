@@ -36,9 +36,9 @@ MODEL_CARD = b"---\nlicense: apache-2.0\nbase_model: Qwen/Qwen3.5-9B\n---\n# tin
 def tiny_files(tiny_cache) -> tuple[str, dict[str, bytes]]:
     """The tiny checkpoint as the hub holds it, with a model card: (repo, {name: bytes})."""
     cache, rec = tiny_cache
-    snapshot = cache.parent / rec["path"]
-    files = {f["name"]: (snapshot / f["name"]).read_bytes() for f in rec["files"]}
-    return rec["repo"], {**files, "README.md": MODEL_CARD}
+    snapshot = cache.parent / rec.path
+    files = {f.name: (snapshot / f.name).read_bytes() for f in rec.files}
+    return rec.repo, {**files, "README.md": MODEL_CARD}
 
 
 @pytest.fixture

@@ -48,3 +48,20 @@ def test_another_schema_is_refused(tmp_path):
 def test_a_record_that_is_not_an_object_is_refused():
     with pytest.raises(ClefError, match="expected a Inner record"):
         Inner.from_json([1], "x")
+
+
+@dataclasses.dataclass(frozen=True)
+class Many(Record):
+    rows: list[Inner]
+    by_name: dict[str, Inner]
+
+
+def test_lists_and_maps_of_records_are_read_as_records_and_name_where_one_is_short():
+    doc = {"rows": [{"max_rel": 1.0}], "by_name": {"a": {"max_rel": 2.0}}}
+    assert Many.from_json(doc, "m.json") == Many([Inner(1.0)], {"a": Inner(2.0)})
+    assert Many.from_json(doc, "m.json").to_json() == {
+        "rows": [{"max_rel": 1.0, "curve": []}],
+        "by_name": {"a": {"max_rel": 2.0, "curve": []}},
+    }
+    with pytest.raises(ClefError, match=r"m.json: rows\[1\]: no `max_rel`"):
+        Many.from_json({"rows": [{"max_rel": 1.0}, {}], "by_name": {}}, "m.json")

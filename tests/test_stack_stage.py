@@ -22,7 +22,7 @@ def rerecord(workdir):
     path, rec = snapshot_path(workdir)
     atomic.write_json(
         workdir / "results" / "snapshot.json",
-        snapshot.record(path, rec["source"], rec["repo"], rec["revision"], root=workdir),
+        snapshot.record(path, rec["source"], rec["repo"], rec["revision"], root=workdir).to_json(),
     )
 
 

@@ -18,8 +18,8 @@ def test_same_bytes_every_time(tiny_cache, tmp_path):
     again = snapshot.record(
         snapshot.snapshot_dir(tmp_path / "hf", repo, revision), "tiny", repo, revision, root=tmp_path
     )
-    assert revision == rec["revision"]
-    assert again["files"] == rec["files"]
+    assert revision == rec.revision
+    assert again.files == rec.files
     assert len(revision) == 40 and int(revision, 16) >= 0
 
 

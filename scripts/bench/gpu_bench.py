@@ -418,7 +418,7 @@ def main() -> None:
             )
         )
     doc = {
-        "revision": rec["revision"],
+        "revision": rec.revision,
         "form": form,
         "L": L,
         "record": {"tokens": L, "seed": SEED, "real": L},

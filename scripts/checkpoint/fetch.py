@@ -18,6 +18,7 @@ instead of trusting it, and no hf/ is written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scripts.checkpoint.snapshot import check_readable, record, sha256_file, snapshot_dir
+from scripts.checkpoint.snapshot import SnapshotRecord, check_readable, record, sha256_file, snapshot_dir
 from scripts.pipeline import atomic
 from scripts.pipeline.errors import ClefError
 
@@ -303,7 +304,7 @@ def _hub_errors(repo: str, revision: str):
         raise ClefError(f"download of {repo}@{revision} failed: {first}") from None
 
 
-def fetch(model: dict[str, Any], cache: Path = Path("hf")) -> dict[str, Any]:
+def fetch(model: dict[str, Any], cache: Path = Path("hf")) -> SnapshotRecord:
     """Build the snapshot for params `model` under `cache` atomically; -> its file record."""
     cache = Path(cache)
     partial = atomic.partial_dir(cache)
@@ -324,15 +325,15 @@ def fetch(model: dict[str, Any], cache: Path = Path("hf")) -> dict[str, Any]:
     for name in changed_in_place(snapshot_dir(cache, repo, revision), rec):
         print(f"fetch: {name} in {cache}/ differed from the snapshot fetched now (changed in place?): replaced")
     atomic.swap_in_dir(partial, cache)
-    return {**rec, "path": os.path.relpath(snapshot_dir(cache, repo, revision))}
+    return dataclasses.replace(rec, path=os.path.relpath(snapshot_dir(cache, repo, revision)))
 
 
-def changed_in_place(kept: Path, rec: dict[str, Any]) -> list[str]:
+def changed_in_place(kept: Path, rec: SnapshotRecord) -> list[str]:
     """The files of `rec` that the snapshot directory `kept`, left by an earlier fetch of the same revision
     (hf/ persists across runs: dvc.yaml), holds with other bytes: an edit in place, which DVC noticed."""
     return [
-        f["name"]
-        for f in rec["files"]
-        if (kept / f["name"]).is_file()
-        and ((kept / f["name"]).stat().st_size != f["size"] or sha256_file(kept / f["name"]) != f["sha256"])
+        f.name
+        for f in rec.files
+        if (kept / f.name).is_file()
+        and ((kept / f.name).stat().st_size != f.size or sha256_file(kept / f.name) != f.sha256)
     ]

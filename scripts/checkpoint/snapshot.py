@@ -11,6 +11,7 @@ truncated or altered shard is refused before any weight is loaded.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 CHUNK = 1 << 24
@@ -68,19 +70,30 @@ def refuse_pickles(names) -> None:
         )
 
 
-def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = Path(".")) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class SnapshotFile(Record):
+    name: str  # relative to the snapshot directory
+    size: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotRecord(Record):
+    """results/snapshot.json: which checkpoint every stage reads, and the bytes of each of its files."""
+
+    source: str  # params.yaml model.source
+    repo: str
+    revision: str
+    path: str  # the snapshot directory, relative to the repository
+    files: list[SnapshotFile]
+
+
+def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = Path(".")) -> SnapshotRecord:
     """The file record of a finished snapshot: every file with its size and sha256."""
     snapshot = Path(snapshot)
     names = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
-    return {
-        "source": source,
-        "repo": repo,
-        "revision": revision,
-        "path": os.path.relpath(snapshot, root),
-        "files": [
-            {"name": n, "size": (snapshot / n).stat().st_size, "sha256": sha256_file(snapshot / n)} for n in names
-        ],
-    }
+    files = [SnapshotFile(n, (snapshot / n).stat().st_size, sha256_file(snapshot / n)) for n in names]
+    return SnapshotRecord(source, repo, revision, os.path.relpath(snapshot, root), files)
 
 
 def read_json(path: str | Path) -> dict[str, Any]:
@@ -131,36 +144,36 @@ def check_tokenizer(snapshot: str | Path) -> None:
             read_json(Path(snapshot) / name)
 
 
-def load_record(path: str | Path = "results/snapshot.json") -> dict[str, Any]:
+def load_record(path: str | Path = "results/snapshot.json") -> SnapshotRecord:
     path = Path(path)
     if not path.is_file():
         raise ClefError(f"no snapshot record at {path}: run the fetch stage first")
-    return json.loads(path.read_text())
+    return SnapshotRecord.from_json(json.loads(path.read_text()), str(path))
 
 
-def verify(rec: dict[str, Any], root: Path = Path("."), names=None) -> Path:
+def verify(rec: SnapshotRecord, root: Path = Path("."), names=None) -> Path:
     """Check files of the recorded snapshot (all, or `names`) against the record; return its path.
 
     Sizes first for every file (cheap, catches truncation), then sha256. Pickles are refused.
     """
-    snapshot = Path(root) / rec["path"]
-    listed = {f["name"]: f for f in rec["files"]}
+    snapshot = Path(root) / rec.path
+    listed = {f.name: f for f in rec.files}
     refuse_pickles(listed)
     wanted = sorted(listed) if names is None else sorted(names)
     for name in wanted:
         if name not in listed:
-            raise ClefError(f"{name} is not in the snapshot record of {rec['repo']}@{rec['revision']}")
+            raise ClefError(f"{name} is not in the snapshot record of {rec.repo}@{rec.revision}")
         path = snapshot / name
         if not path.is_file():
             raise ClefError(f"snapshot file {name} is missing from {snapshot}")
         size = path.stat().st_size
-        if size != listed[name]["size"]:
-            raise ClefError(f"snapshot file {name} has {size} bytes, the record says {listed[name]['size']}")
+        if size != listed[name].size:
+            raise ClefError(f"snapshot file {name} has {size} bytes, the record says {listed[name].size}")
     for name in wanted:
         digest = sha256_file(snapshot / name)
-        if digest != listed[name]["sha256"]:
+        if digest != listed[name].sha256:
             raise ClefError(
                 f"snapshot file {name} is corrupt: sha256 {digest[:12]}... differs from the "
-                f"recorded {listed[name]['sha256'][:12]}..."
+                f"recorded {listed[name].sha256[:12]}..."
             )
     return snapshot

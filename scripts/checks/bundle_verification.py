@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.checks import bundle_check, compare
 from scripts.litert import bundle, gpu_accelerator, tflite_file
 from scripts.litert.cpu_graph import CpuGraph
@@ -28,14 +29,14 @@ from scripts.release import references
 GPU_MODES = gpu_accelerator.MODES
 
 
-def preflight(graphs: list[bundle_check.Graph], rec: dict, form: str, weights: str) -> dict[str, dict]:
+def preflight(graphs: list[bundle_check.Graph], rec: SnapshotRecord, form: str, weights: str) -> dict[str, dict]:
     """Every graph there, of this revision, form, weights and shape, with its reference record ->
     {name: metadata}."""
     metas = {}
     for g in graphs:
         layout.require(g.path)
         layout.require(layout.reference_path(g.path))
-        want = {"revision": rec["revision"], "form": form, "weights": weights, "kind": g.kind, **g.shape}
+        want = {"revision": rec.revision, "form": form, "weights": weights, "kind": g.kind, **g.shape}
         meta = tflite_file.read_metadata(g.path)
         bad = tflite_file.metadata_mismatches(meta, want)
         if bad:
@@ -45,13 +46,13 @@ def preflight(graphs: list[bundle_check.Graph], rec: dict, form: str, weights: s
     return metas
 
 
-def metadata(rec: dict, form: str, weights: str, metas: dict[str, dict]) -> dict:
+def metadata(rec: SnapshotRecord, form: str, weights: str, metas: dict[str, dict]) -> dict:
     """The bundle's own metadata: its model, form and weights, and each graph's (preflight)."""
     return {
         "kind": "bundle",
-        "revision": rec["revision"],
-        "repo": rec["repo"],
-        "source": rec["source"],
+        "revision": rec.revision,
+        "repo": rec.repo,
+        "source": rec.source,
         "form": form,
         "weights": weights,
         "graphs": metas,

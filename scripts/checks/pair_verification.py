@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.checks import compare, pair_check, tflite_check
 from scripts.checks.finish import CheckResult, GraphFindings
 from scripts.litert import tflite_file
@@ -50,7 +51,7 @@ class PairFindings(GraphFindings):
 PHASES = ("load the stack", "torch checks", "interpreter", "LiteRT checks", "reference record")
 
 
-def verify(path: Path, rec: dict, snap, form: str, weights: str, P: int, S: int) -> PairFindings:
+def verify(path: Path, rec: SnapshotRecord, snap, form: str, weights: str, P: int, S: int) -> PairFindings:
     """The pair at `path` checked in torch, then in the LiteRT interpreter, and its reference record saved
     (results/references/) and read back through it. Torch first: its checks fill the References (the row
     graph's and transformers' results, kept); then the stack is freed and the interpreter's checks read
@@ -64,7 +65,7 @@ def verify(path: Path, rec: dict, snap, form: str, weights: str, P: int, S: int)
         problems = [f"census: {v}" for v in tflite_file.violations(census)]
         if set(census["signatures"]) != {"prefix", "suffix"}:
             problems.append(f"signatures {sorted(census['signatures'])}, expected prefix and suffix")
-        expected = {"revision": rec["revision"], "form": form, "weights": weights, "kind": "pair", "P": P, "S": S}
+        expected = {"revision": rec.revision, "form": form, "weights": weights, "kind": "pair", "P": P, "S": S}
         problems += [f"metadata: {m}" for m in tflite_file.metadata_mismatches(meta, expected)]
 
         phase("torch checks")

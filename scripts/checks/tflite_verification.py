@@ -13,6 +13,7 @@ import gc
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.checks import compare, model_check, quantization_effect, tflite_check
 from scripts.checks.finish import CheckResult, GraphFindings
 from scripts.layers import weight_precision
@@ -55,7 +56,7 @@ PHASES = (
 
 
 def verify(
-    path: Path, rec: dict, snap, form: str, weights: str, length: int, repeats: int, budget: float
+    path: Path, rec: SnapshotRecord, snap, form: str, weights: str, length: int, repeats: int, budget: float
 ) -> TfliteFindings:
     """The row graph at `path` in the LiteRT interpreter against the torch row graph, its reference record
     saved (results/references/) and read back through it, and both timed (`repeats` runs at most, within
@@ -66,8 +67,8 @@ def verify(
     meta = tflite_file.read_metadata(path)
     problems = [f"census: {v}" for v in tflite_file.violations(census)]
     expected = {
-        "repo": rec["repo"],
-        "revision": rec["revision"],
+        "repo": rec.repo,
+        "revision": rec.revision,
         "form": form,
         "weights": weights,
         "kind": "row",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.layers import kernel_form, weight_precision
 from scripts.layers.kernel_form import Form
 from scripts.litert import tflite_file, weight_storage
@@ -92,15 +93,15 @@ def release_export_trace() -> None:
     proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
 
 
-def metadata(rec: dict, form: str, weights: str, contract: dict, shape: dict, params_used: dict) -> dict:
+def metadata(rec: SnapshotRecord, form: str, weights: str, contract: dict, shape: dict, params_used: dict) -> dict:
     """What `clef audit` prints from the file alone. `shape` is {"kind": "row", "L": ..} or
     {"kind": "pair", "P": .., "S": ..}; `weights` the precision its Linear weights are stored at;
     `params_used` the params.yaml values the export read."""
     versions = provenance.package_versions()
     return {
-        "repo": rec["repo"],
-        "revision": rec["revision"],
-        "source": rec["source"],
+        "repo": rec.repo,
+        "revision": rec.revision,
+        "source": rec.source,
         "form": form,
         "weights": weights,
         **shape,

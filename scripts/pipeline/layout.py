@@ -8,6 +8,10 @@ tabulates sit in results/metrics/, the detailed records beside them in results/.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scripts.checkpoint.snapshot import SnapshotRecord
 
 ROWS = Path("artifacts/rows")
 PAIRS = Path("artifacts/pairs")
@@ -44,12 +48,12 @@ def pair_path(prefix: int, suffix: int) -> Path:
     return PAIRS / f"{pair_name(prefix, suffix)}.tflite"
 
 
-def release_name(rec: dict, form: str, weights: str) -> str:
+def release_name(rec: SnapshotRecord, form: str, weights: str) -> str:
     """<model>-<revision[:12]>-<form>-<weights>: what the release's tarball and its bundle are called."""
-    return f"{rec['repo'].split('/')[-1]}-{rec['revision'][:12]}-{form}-{weights}"
+    return f"{rec.repo.split('/')[-1]}-{rec.revision[:12]}-{form}-{weights}"
 
 
-def bundle_path(rec: dict, form: str, weights: str) -> Path:
+def bundle_path(rec: SnapshotRecord, form: str, weights: str) -> Path:
     return BUNDLE / f"{release_name(rec, form, weights)}.tflite"
 
 

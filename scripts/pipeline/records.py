@@ -57,6 +57,22 @@ def _record_type(hint: Any) -> type[Record] | None:
     return None
 
 
+def _read_value(hint: Any, value: Any, where: str) -> Any:
+    """A field's JSON value as its annotation says: a record, a list of records, a {key: record} map,
+    or the value itself."""
+    if value is None:
+        return None
+    nested = _record_type(hint)
+    if nested is not None:
+        return nested.from_json(value, where)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list and args and _record_type(args[0]) and isinstance(value, list):
+        return [args[0].from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict and len(args) == 2 and _record_type(args[1]) and isinstance(value, dict):
+        return {k: args[1].from_json(v, f"{where}[{k}]") for k, v in value.items()}
+    return value
+
+
 class Record:
     """Mixin for a dataclass that crosses a stage boundary as JSON."""
 
@@ -82,8 +98,7 @@ class Record:
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
                     continue
                 raise ClefError(f"{where}: no `{f.name}` in the {cls.__name__} record; rerun the stage that writes it")
-            value, nested = doc[f.name], _record_type(hints[f.name])
-            values[f.name] = nested.from_json(value, f"{where}: {f.name}") if nested and value is not None else value
+            values[f.name] = _read_value(hints[f.name], doc[f.name], f"{where}: {f.name}")
         return cls(**values)
 
     @classmethod

@@ -38,7 +38,17 @@ def module_file(name: str, root: Path = ROOT) -> Path | None:
 def imported(path: Path, root: Path = ROOT) -> set[Path]:
     """Our files that `path` imports directly, and the package __init__ files Python runs on the way."""
     found = set()
-    for node in ast.walk(ast.parse((root / path).read_text())):
+    tree = ast.parse((root / path).read_text())
+    type_only = {  # imports under `if TYPE_CHECKING:` never run: no code dependency, no circle
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.pipeline import atomic, layout, pictures, provenance
 from scripts.pipeline.records import Record
 from scripts.qwen35.host import Host
@@ -86,14 +87,9 @@ class ModelSection(Record):
     snapshot_files: dict[str, dict]
 
     @classmethod
-    def of(cls, rec: dict) -> ModelSection:
-        files = sorted(rec["files"], key=lambda e: e["name"])
-        return cls(
-            rec["repo"],
-            rec["revision"],
-            rec["source"],
-            {e["name"]: {"sha256": e["sha256"], "size": e["size"]} for e in files},
-        )
+    def of(cls, rec: SnapshotRecord) -> ModelSection:
+        files = sorted(rec.files, key=lambda e: e.name)
+        return cls(rec.repo, rec.revision, rec.source, {e.name: {"sha256": e.sha256, "size": e.size} for e in files})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +146,7 @@ def build(
     dist_dir: Path,
     p: dict,
     graphs: list[CheckedGraph],
-    rec: dict,
+    rec: SnapshotRecord,
     snap: Path,
     form: str,
     overall: dict[str, dict],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.pipeline.errors import ClefError
 
 
@@ -154,7 +155,7 @@ def license_lines(repo: str, theirs: dict) -> list[str]:
 
 def render(
     name: str,
-    rec: dict,
+    rec: SnapshotRecord,
     form: str,
     weights: str,
     host: dict,
@@ -170,14 +171,14 @@ def render(
     rows = sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"])
     pairs = sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: (a["P"], a["S"]))
     out = [
-        *front_matter(rec["repo"], theirs),
+        *front_matter(rec.repo, theirs),
         f"# {name}",
         "",
         f"LiteRT graphs of the text stack of `{rec['repo']}` at revision `{rec['revision']}` "
         f"(source: {rec['source']}), GatedDeltaNet kernel form `{form}`. {WEIGHTS_SAID[weights]}; the "
         "embedding lookup, the M-RoPE tables and the lm_head run on the host.",
         "",
-        *license_lines(rec["repo"], theirs),
+        *license_lines(rec.repo, theirs),
         "## Files",
         "",
         "| file | what it is | bytes | sha256 (first 16) |",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.litert import bundle, tflite_file
 from scripts.pipeline import layout
 from scripts.pipeline.errors import ClefError
@@ -34,14 +35,14 @@ def read_metrics(name: str) -> dict:
     return layout.read_record(layout.metrics_path(name))
 
 
-def graphs(planned: list[PlannedGraph], rec: dict, form: str, weights: str) -> list[CheckedGraph]:
+def graphs(planned: list[PlannedGraph], rec: SnapshotRecord, form: str, weights: str) -> list[CheckedGraph]:
     """Everything the release will vouch for is there, verified, and of this revision, form and weights."""
     out = []
     for g in planned:
         path = layout.require(g.path)
         layout.require(layout.reference_path(path))
         layout.require(layout.reference_figures_path(path))
-        want = {"revision": rec["revision"], "form": form, "weights": weights, "kind": g.kind, **g.shape}
+        want = {"revision": rec.revision, "form": form, "weights": weights, "kind": g.kind, **g.shape}
         meta = tflite_file.read_metadata(path)
         bad = tflite_file.metadata_mismatches(meta, want)
         if bad:
@@ -53,12 +54,12 @@ def graphs(planned: list[PlannedGraph], rec: dict, form: str, weights: str) -> l
     return out
 
 
-def bundle_file(planned: list[PlannedGraph], rec: dict, form: str, weights: str) -> Path:
+def bundle_file(planned: list[PlannedGraph], rec: SnapshotRecord, form: str, weights: str) -> Path:
     """The bundle holds exactly the graphs params.yaml asks for, under the signature names layout gives
     them, made from the graph files there now, and passed its stage -> its path."""
     path = layout.require(layout.bundle_path(rec, form, weights), "bundle")
     meta = tflite_file.read_metadata(path) or {}
-    want = {"kind": "bundle", "revision": rec["revision"], "form": form, "weights": weights}
+    want = {"kind": "bundle", "revision": rec.revision, "form": form, "weights": weights}
     bad = tflite_file.metadata_mismatches(meta, want)
     if bad:
         raise ClefError(f"{path}: metadata {'; '.join(bad)}; rerun the bundle stage")
