@@ -7,6 +7,7 @@ from pathlib import Path
 
 from scripts.checks import pair_verification
 from scripts.checks.pair_verification import PairFindings
+from scripts.release.references import ReferenceFigures
 
 LIMITS = {
     "rel_vs_row": 1e-4,
@@ -30,10 +31,13 @@ def rows(rel: float = 1e-6, control: float = 1.0) -> list[dict]:
     return out
 
 
+REFERENCE = ReferenceFigures("0" * 64, 1e-6, 2e-6, [1e-6, 2e-6])
+
+
 def findings(tmp_path: Path, found_rows: list[dict], problems=()) -> PairFindings:
     graph = tmp_path / "pair_P8_S4.tflite"
     graph.write_bytes(b"\0" * 12)
-    return PairFindings(graph, "R64", "fp32", CENSUS, {"kind": "pair"}, list(problems), found_rows, {}, P=8, S=4)
+    return PairFindings(graph, "R64", "fp32", CENSUS, {"kind": "pair"}, list(problems), found_rows, REFERENCE, P=8, S=4)
 
 
 def test_a_passing_pair_keeps_the_records_keys_and_figures(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 from scripts.checks import tflite_verification
 from scripts.checks.tflite_verification import TfliteFindings
 from scripts.layers.weight_precision import Applied
+from scripts.release.references import ReferenceFigures
 
 LIMITS = {"rel_vs_torch": 1e-4, "rel_per_position_vs_torch": 1e-4}
 CENSUS = {"op_total": 10, "max_rank": 4, "ops_per_gdn_layer": {"0": 5, "1": 6}}
@@ -34,6 +35,9 @@ KEYS = [
 ]
 
 
+REFERENCE = ReferenceFigures("0" * 64, 1e-6, 2e-6, [1e-6, 2e-6])
+
+
 def findings(tmp_path: Path, rel: float, control: float | None) -> TfliteFindings:
     graph = tmp_path / "row_L8.tflite"
     graph.write_bytes(b"\0" * 12)
@@ -42,7 +46,7 @@ def findings(tmp_path: Path, rel: float, control: float | None) -> TfliteFinding
         row["control_memory_cut_rel_vs_torch"] = control
     applied = Applied("fp16", 2, 100, 50, 1e-3)
     return TfliteFindings(
-        graph, "R64", "fp16", CENSUS, {}, [], [row], {}, length=8, applied=applied, effect=EFFECT, timing=TIMING
+        graph, "R64", "fp16", CENSUS, {}, [], [row], REFERENCE, length=8, applied=applied, effect=EFFECT, timing=TIMING
     )
 
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scripts.pipeline import atomic, metrics
 from scripts.pipeline.errors import ClefError
+
+if TYPE_CHECKING:  # a type only: the kernel and layer checks run no reference record
+    from scripts.release.references import ReferenceFigures
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class GraphFindings:
     metadata: dict
     problems: list[str]
     rows: list[dict]
-    reference: dict
+    reference: ReferenceFigures
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,7 @@ def result(found: PairFindings, limits: dict[str, float], min_over: float) -> Ch
         "summary": doc.to_json(),
         "census": census,
         "metadata": found.metadata,
-        "reference_record": found.reference,
+        "reference_record": found.reference.to_json(),
         "rows": found.rows,
     }
     name, stage = layout.pair_name(P, S), f"verify_pair P={P} S={S}"

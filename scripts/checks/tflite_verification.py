@@ -24,6 +24,7 @@ from scripts.pipeline.records import Record
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
+from scripts.release.references import ReferenceFigures
 
 BOUNDED = ("rel_vs_torch", "rel_per_position_vs_torch")
 MEMORY_CUT = (
@@ -152,7 +153,7 @@ class TfliteRecord(Record):
     control_memory_cut: dict
     census: dict
     metadata: dict
-    reference_record: dict
+    reference_record: ReferenceFigures
     latency: dict
 
 

@@ -13,7 +13,7 @@ from scripts.checkpoint import snapshot
 from scripts.pipeline import layout
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record
-from scripts.release import builder, reader
+from scripts.release import builder, reader, references
 from scripts.release.preflight import CheckedGraph, read_metrics
 
 
@@ -123,23 +123,23 @@ def reference(c: CheckedGraph, held: HeldFile, build: Path, max_over_recorded: f
     record_path = layout.reference_path(path)
     builder.place(record_path, build / check_file)
     figures_path = layout.reference_figures_path(path)
-    measured = layout.read_record(figures_path)
-    if snapshot.sha256_file(build / check_file) != measured["record_sha256"]:
+    measured = references.ReferenceFigures.read(figures_path)
+    if snapshot.sha256_file(build / check_file) != measured.record_sha256:
         stage = layout.producer_of(record_path)
         raise ClefError(f"{record_path} is not the record {stage} measured ({figures_path}); rerun {stage}")
     entry = Reference(
         check_file,
-        measured["rel_vs_expected"],
+        measured.rel_vs_expected,
         c.graph.bounds.overall,
-        measured["rel_per_position_vs_expected"],
+        measured.rel_per_position_vs_expected,
         c.graph.bounds.per_position,
         max_over_recorded,
-        measured["per_position_vs_expected"],
+        measured.per_position_vs_expected,
     )
-    found = reader.reference_problems(measured, entry.to_json())
+    found = reader.reference_problems(measured.to_json(), entry.to_json())
     if found:
         raise ClefError(f"{held.file}: reference record: {found[0]}")
-    return entry, measured["record_sha256"]
+    return entry, measured.record_sha256
 
 
 def artifact_entry(

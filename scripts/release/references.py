@@ -12,11 +12,24 @@ record is read and run as numpy arrays there, as torch tensors in the stages, wi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceFigures(Record):
+    """results/references/<graph>.json: the reference record measured through its graph by the verify
+    stage that wrote it (reference_error's figures), and the sha256 that ties them to the record."""
+
+    record_sha256: str
+    rel_vs_expected: float
+    rel_per_position_vs_expected: float
+    per_position_vs_expected: list[float]  # the figure at each position (the pictures)
 
 
 def row_reference(record: dict, hidden) -> dict:
@@ -113,7 +126,7 @@ def array_signature(graph):
     return signature
 
 
-def measure(graph_path: Path, kind: str, graph) -> dict:
+def measure(graph_path: Path, kind: str, graph) -> ReferenceFigures:
     """The record saved for the graph at `graph_path` (layout.reference_path), read back and run
     through `graph` (scripts/litert/cpu_graph.py's CpuGraph, open on that file) -> {record_sha256,
     rel_vs_expected, rel_per_position_vs_expected} (reference_error, as `clef verify` computes
@@ -123,11 +136,9 @@ def measure(graph_path: Path, kind: str, graph) -> dict:
 
     path = layout.reference_path(graph_path)
     record = load_reference(path.parent, path.name)
-    figures = {
-        "record_sha256": snapshot.sha256_file(path),
-        **reference_error(interpreter_signature(graph), kind, record),
-    }
-    atomic.write_json(layout.reference_figures_path(graph_path), figures)
+    error = reference_error(interpreter_signature(graph), kind, record)
+    figures = ReferenceFigures.from_json({"record_sha256": snapshot.sha256_file(path), **error}, str(path))
+    atomic.write_json(layout.reference_figures_path(graph_path), figures.to_json())
     return figures
 
 
