@@ -48,8 +48,8 @@ def main() -> None:
     print(
         f"release: {layout.RELEASE} ({len(manifest.files)} files, {len(manifest.artifacts)} graphs, "
         f"{'signed by ' + sig.key_fingerprint if sig.signed else 'unsigned'}), "
-        f"{layout.DIST / (manifest.name + builder.TARBALL_SUFFIX)}; git {git['commit'] and git['commit'][:12]}"
-        f"{'' if git['clean'] else ' (uncommitted changes: ' + ', '.join(git['changed'][:5]) + ')'}"
+        f"{layout.DIST / (manifest.name + builder.TARBALL_SUFFIX)}; git {git.commit and git.commit[:12]}"
+        f"{'' if git.clean else ' (uncommitted changes: ' + ', '.join(git.changed[:5]) + ')'}"
     )
 
 

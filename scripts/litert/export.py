@@ -109,7 +109,7 @@ def metadata(rec: SnapshotRecord, form: str, weights: str, contract: dict, shape
         "contract": contract,
         "params": params_used,
         "versions": {k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
-        "git": provenance.git_state(),
+        "git": provenance.git_state().to_json(),
     }
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from importlib import metadata
+
+from scripts.pipeline.records import Record
 
 PACKAGES = ("torch", "transformers", "litert-torch", "ai-edge-litert", "safetensors", "huggingface_hub", "dvc")
 # What a stage runs from. dvc.lock and the .gitignore files DVC edits change during every
@@ -11,7 +14,8 @@ PACKAGES = ("torch", "transformers", "litert-torch", "ai-edge-litert", "safetens
 PIPELINE_INPUTS = ("dvc.yaml", "params.yaml", "requirements.txt", "scripts", "stages")
 
 
-def package_versions() -> dict:
+def package_versions() -> dict[str, str | None]:
+    """{package: installed version, or None} for PACKAGES."""
     out = {}
     for name in PACKAGES:
         try:
@@ -34,12 +38,21 @@ def git_commit(cwd=".") -> str | None:
     return out.strip() if out else None
 
 
-def git_state(cwd=".") -> dict:
-    """{"commit", "clean", "changed"}: HEAD, and whether the pipeline's inputs differ from it
-    (uncommitted or untracked files under PIPELINE_INPUTS; `clean` is None outside git)."""
+@dataclasses.dataclass(frozen=True)
+class GitState(Record):
+    """The revision of this repository an artifact was made at: a graph's metadata and the manifest
+    carry it as `git`."""
+
+    commit: str | None  # HEAD; None outside a git repository
+    clean: bool | None  # no uncommitted or untracked change under PIPELINE_INPUTS; None outside git
+    changed: list[str]  # those changes' paths
+
+
+def git_state(cwd=".") -> GitState:
+    """HEAD, and whether the pipeline's inputs differ from it."""
     commit = git_commit(cwd)
     if commit is None:
-        return {"commit": None, "clean": None, "changed": []}
+        return GitState(None, None, [])
     out = _git("status", "--porcelain", "--untracked-files=all", "--", *PIPELINE_INPUTS, cwd=cwd) or ""
     changed = sorted(line[3:] for line in out.splitlines() if line.strip())
-    return {"commit": commit, "clean": not changed, "changed": changed}
+    return GitState(commit, not changed, changed)

@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from scripts.pipeline import atomic, layout, pictures
+from scripts.pipeline import atomic, layout, pictures, provenance
 from scripts.pipeline.errors import ClefError, run_command
 
 README = Path("README.md")
@@ -89,8 +89,11 @@ def read_manifest(root: Path) -> dict:
 
 def run_line(root: Path) -> str:
     """Which run the figures are from: the release manifest's commit (the last stage of the run)."""
-    git = read_manifest(root).get("git", {})
-    commit, clean = (git.get("commit") or "unknown")[:7], git.get("clean")
+    doc = read_manifest(root).get("git")
+    git = (
+        provenance.GitState.from_json(doc, "the release manifest's git") if doc else provenance.GitState(None, None, [])
+    )
+    commit, clean = (git.commit or "unknown")[:7], git.clean
     state = "clean" if clean else "with uncommitted changes" if clean is False else "outside git"
     return f"From the `dvc repro` at commit {commit} ({state}); `results/metrics/`, rendered by `make readme`."
 

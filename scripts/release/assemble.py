@@ -105,7 +105,7 @@ class Manifest(Record):
     weights: str
     params: dict
     versions: dict
-    git: dict
+    git: provenance.GitState
     host: HostSection
     artifacts: dict[str, dict]
     verification: dict[str, dict]
