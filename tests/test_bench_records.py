@@ -1,0 +1,28 @@
+"""The benchmarks' records (scripts/bench/*) read back the results they wrote and write them out unchanged:
+a field renamed, dropped or retyped in a record fails here against the committed results/*.json, where the
+benchmarks themselves need a GPU accelerator or hours to run again."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts.bench import gpu_mixed
+from scripts.pipeline.errors import ClefError
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def committed(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def test_gpu_mixed_reads_back_and_writes_out_its_results_unchanged():
+    doc = committed("gpu_mixed.json")
+    record = gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json")
+    assert isinstance(record.spread["padded"].rows[0], gpu_mixed.SpreadRow)
+    assert isinstance(record.trace.largest_part.pieces[0], gpu_mixed.TracedPiece)
+    assert record.to_json() == doc
+    del doc["trace"]["parts"][0]["mixed_over_rounding"]
+    with pytest.raises(ClefError, match=r"parts\[0\]: no `mixed_over_rounding`"):
+        gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json")
