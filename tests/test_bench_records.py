@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench import gpu_mixed
+from scripts.bench import gpu_bench, gpu_mixed
 from scripts.pipeline.errors import ClefError
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -26,3 +26,12 @@ def test_gpu_mixed_reads_back_and_writes_out_its_results_unchanged():
     del doc["trace"]["parts"][0]["mixed_over_rounding"]
     with pytest.raises(ClefError, match=r"parts\[0\]: no `mixed_over_rounding`"):
         gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json")
+
+
+def test_gpu_bench_reads_back_and_writes_out_its_results_unchanged():
+    doc = committed("gpu_bench.json")
+    record = gpu_bench.GpuBench.from_json(doc, "gpu_bench.json")
+    refused = [c for c in record.candidates if c.gpu_cpu is not None]
+    assert refused and all(isinstance(m, gpu_bench.MixedCompile) for c in refused for m in c.gpu_cpu.values())
+    assert all(isinstance(c.runs["fp16"], gpu_bench.Run | None) for c in record.candidates)
+    assert gpu_bench.json_safe(record.to_json()) == doc
