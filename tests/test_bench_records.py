@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench import gpu_bench, gpu_mixed
+from scripts.bench import gpu_bench, gpu_mixed, weights_bench
 from scripts.pipeline.errors import ClefError
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -35,3 +35,11 @@ def test_gpu_bench_reads_back_and_writes_out_its_results_unchanged():
     assert refused and all(isinstance(m, gpu_bench.MixedCompile) for c in refused for m in c.gpu_cpu.values())
     assert all(isinstance(c.runs["fp16"], gpu_bench.Run | None) for c in record.candidates)
     assert gpu_bench.json_safe(record.to_json()) == doc
+
+
+def test_weights_bench_reads_back_and_writes_out_its_results_unchanged():
+    doc = committed("weights.json")
+    record = weights_bench.WeightsBench.from_json(doc, "weights.json")
+    assert record.variants["fp32"].vs_fp32_graph is None
+    assert isinstance(record.variants["int8"].gpu["fp16"], weights_bench.GpuTake)
+    assert record.to_json() == doc
