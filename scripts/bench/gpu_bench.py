@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.litert import export, gpu_accelerator, tflite_file
@@ -283,7 +284,7 @@ def gpu_rows(
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate(Record):
+class Candidate(NestedRecord):
     """One row of the table: a graph's census, the converted module's own error in fp32 torch (where there is
     one), what the GPU accelerator took per mode and how it ran, and the CPU control."""
 
@@ -300,17 +301,6 @@ class Candidate(Record):
     runs: dict[str, Run | None]
     cpu_control: Run
     torch_fp32_rel: float | None = optional()
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> Candidate:
-        row = super().from_json(doc, where)
-        return dataclasses.replace(
-            row,
-            gpu_alone={m: GpuAlone.from_json(g, f"{where}: gpu_alone: {m}") for m, g in row.gpu_alone.items()},
-            gpu_cpu=row.gpu_cpu
-            and {m: MixedCompile.from_json(g, f"{where}: gpu_cpu: {m}") for m, g in row.gpu_cpu.items()},
-            runs={m: r and Run.from_json(r, f"{where}: runs: {m}") for m, r in row.runs.items()},
-        )
 
 
 def candidate(
@@ -455,7 +445,7 @@ class BenchInput(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Reference(Record):
+class Reference(NestedRecord):
     """What each level's float64 reference and fp16 floor are, and the floor's figures per level."""
 
     row: str
@@ -465,7 +455,7 @@ class Reference(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuBench(Record):
+class GpuBench(NestedRecord):
     """results/gpu_bench.json: the candidates on the GPU accelerator, and what they ran against and where."""
 
     revision: str
@@ -481,19 +471,6 @@ class GpuBench(Record):
     loadavg_end: list[float]
     candidates: list[Candidate]
     seconds: float
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> GpuBench:
-        bench = super().from_json(doc, where)
-        floor = {
-            level: Floor.from_json(f, f"{where}: reference: floor: {level}")
-            for level, f in bench.reference.floor.items()
-        }
-        return dataclasses.replace(
-            bench,
-            reference=dataclasses.replace(bench.reference, floor=floor),
-            candidates=[Candidate.from_json(c, f"{where}: candidates[{i}]") for i, c in enumerate(bench.candidates)],
-        )
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from ai_edge_litert.tools import flatbuffer_utils
 
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, gpu_check, tflite_check
 from scripts.layers import kernel_form
@@ -110,7 +111,7 @@ class SpreadRow(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Spread(Record):
+class Spread(NestedRecord):
     """One record kind's rows, how far its floor moves, and each half mode's median ratio to the floor."""
 
     real_tokens: int
@@ -118,12 +119,6 @@ class Spread(Record):
     floor_max_over_min: float
     fp16_over_floor_median: float
     mixed_over_floor_median: float
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> Spread:
-        spread = super().from_json(doc, where)
-        rows = [SpreadRow.from_json(r, f"{where}: rows[{i}]") for i, r in enumerate(spread.rows)]
-        return dataclasses.replace(spread, rows=rows)
 
 
 def spread(model, host, stock, path: Path) -> dict[str, Spread]:
@@ -185,30 +180,19 @@ class TracedPiece(PartFigures):
 
 
 @dataclasses.dataclass(frozen=True)
-class LargestPart(Record):
+class LargestPart(NestedRecord):
     part: str
     pieces: list[TracedPiece]
 
 
 @dataclasses.dataclass(frozen=True)
-class Trace(Record):
+class Trace(NestedRecord):
     """The first decoder layer part by part on one record kind, then its largest part piece by piece."""
 
     record: str
     real_tokens: int
     parts: list[TracedPart]
     largest_part: LargestPart
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> Trace:
-        trace = super().from_json(doc, where)
-        largest = trace.largest_part
-        pieces = [TracedPiece.from_json(p, f"{where}: largest_part: pieces[{i}]") for i, p in enumerate(largest.pieces)]
-        return dataclasses.replace(
-            trace,
-            parts=[TracedPart.from_json(p, f"{where}: parts[{i}]") for i, p in enumerate(trace.parts)],
-            largest_part=dataclasses.replace(largest, pieces=pieces),
-        )
 
 
 def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Tensor], n: int) -> PartFigures:
@@ -288,7 +272,7 @@ def op_count(path: Path) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuMixed(Record):
+class GpuMixed(NestedRecord):
     """results/gpu_mixed.json: the spread per record kind and the trace of the first decoder layer."""
 
     what: str
@@ -299,12 +283,6 @@ class GpuMixed(Record):
     spread: dict[str, Spread]
     trace: Trace
     seconds: float
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> GpuMixed:
-        run = super().from_json(doc, where)
-        spread = {kind: Spread.from_json(s, f"{where}: spread: {kind}") for kind, s in run.spread.items()}
-        return dataclasses.replace(run, spread=spread)
 
 
 def main() -> None:

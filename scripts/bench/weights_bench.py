@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from scripts.bench import report
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import bundle_check, compare, gpu_check, quantization_effect, tflite_check
 from scripts.layers import kernel_form
@@ -182,7 +183,7 @@ class CpuSpeed(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant(Record):
+class Variant(NestedRecord):
     """One weights variant of the row graph: how its weights were stored, its size, conversion error, the
     quantization's effect, what storage alone changes (None for fp32 itself), CPU speed, the GPU's take."""
 
@@ -198,12 +199,6 @@ class Variant(Record):
     vs_fp32_graph: VsFp32Graph | None
     cpu: CpuSpeed
     gpu: dict[str, GpuTake]
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> Variant:
-        variant = super().from_json(doc, where)
-        gpu = {mode: GpuTake.from_json(g, f"{where}: gpu: {mode}") for mode, g in variant.gpu.items()}
-        return dataclasses.replace(variant, gpu=gpu)
 
 
 def measure(
@@ -352,7 +347,7 @@ class DerivedBundle(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class WeightsBench(Record):
+class WeightsBench(NestedRecord):
     """<workspace>/results/weights.json: every weights variant of the L=64 row graph side by side, and every
     released graph at the other of fp32 / fp16."""
 
@@ -370,12 +365,6 @@ class WeightsBench(Record):
     bundle: DerivedBundle | None
     reference_records: ReferenceRecords | None
     seconds: float
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> WeightsBench:
-        bench = super().from_json(doc, where)
-        variants = {name: Variant.from_json(v, f"{where}: variants: {name}") for name, v in bench.variants.items()}
-        return dataclasses.replace(bench, variants=variants)
 
 
 def main() -> None:
