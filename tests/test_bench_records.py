@@ -2,12 +2,13 @@
 a field renamed, dropped or retyped in a record fails here against the committed results/*.json, where the
 benchmarks themselves need a GPU accelerator or hours to run again."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from scripts.bench import gpu_bench, gpu_mixed, weights_bench
+from scripts.bench import gpu_bench, gpu_mixed, report, weights_bench
 from scripts.pipeline.errors import ClefError
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -43,3 +44,25 @@ def test_weights_bench_reads_back_and_writes_out_its_results_unchanged():
     assert record.variants["fp32"].vs_fp32_graph is None
     assert isinstance(record.variants["int8"].gpu["fp16"], weights_bench.GpuTake)
     assert record.to_json() == doc
+
+
+def test_bench_reads_back_and_writes_out_its_results_unchanged():
+    """results/bench.json (scripts/bench/report.py): both workspaces, the efficiency and clef-flash's needs;
+    readme.py reads this file's keys, so they may not move."""
+    doc = committed("bench.json")
+    record = report.Bench.from_json(doc, "bench.json")
+    assert isinstance(record.tiny.stages["bundle"], report.StageFigures)
+    assert isinstance(record.real_width.gpu_worst["fp16"], report.WorstOverFloor)
+    assert isinstance(record.tiny.weights.variants["fp16"], report.VariantFigures)
+    assert isinstance(record.clef_flash.stages["bundle"], report.StageNeeds)
+    assert isinstance(record.clef_flash.default_pipeline, report.DefaultPipeline)
+    assert record.to_json() == doc
+
+
+def test_clef_flash_is_extrapolated_as_bench_json_holds_it():
+    """extrapolate and default_pipeline on bench.json's two workspaces give its clef_flash again."""
+    doc = committed("bench.json")
+    tiny, real = doc["tiny"], doc["real_width"]
+    clef = report.extrapolate(tiny, real)
+    run = report.default_pipeline(clef.to_json(), real["params"], tiny["params"])
+    assert dataclasses.replace(clef, default_pipeline=run).to_json() == doc["clef_flash"]
