@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench import gpu_bench, gpu_mixed, report, weights_bench
+from scripts.bench import gpu_bench, gpu_mixed, gpu_parts, report, weights_bench
 from scripts.pipeline.errors import ClefError
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -66,3 +66,15 @@ def test_clef_flash_is_extrapolated_as_bench_json_holds_it():
     clef = report.extrapolate(tiny, real)
     run = report.default_pipeline(clef.to_json(), real["params"], tiny["params"])
     assert dataclasses.replace(clef, default_pipeline=run).to_json() == doc["clef_flash"]
+
+
+def test_gpu_parts_reads_back_and_writes_out_its_results_unchanged():
+    """A part's outputs sit beside `inputs` under the part's own names; one figure's key is no identifier."""
+    doc = committed("gpu_parts.json")
+    record = gpu_parts.GpuParts.from_json(doc, "gpu_parts.json")
+    g = record.parts["g_softplus_before"].outputs["g"]
+    assert isinstance(g.max_abs_err_where_small_g, gpu_parts.MaxError) and g.small_g_count is not None
+    assert set(record.parts["gdn_layer_after"].outputs) == {"y", "conv", "z", "beta", "a"}
+    assert isinstance(record.one_op["op_sum_2048_of_0.1"].outputs["y"].values, gpu_parts.FirstValues)
+    assert isinstance(record.graphs["row"].after, gpu_parts.GraphFigures)
+    assert record.to_json() == doc
