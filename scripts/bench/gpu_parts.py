@@ -26,6 +26,7 @@ import io
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -177,7 +178,7 @@ class OutputFigures(Record):
     gpu_fp16_bitwise_equal_to_fp16_sequential_accumulation: float | None = optional()
     values: FirstValues | None = optional()
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         doc = super().to_json()
         if "max_abs_err_where_small_g" in doc:
             doc[SMALL_G_KEY] = doc.pop("max_abs_err_where_small_g")
@@ -210,7 +211,7 @@ class PartFigures(NestedRecord):
     outputs: dict[str, OutputFigures]
     mix_on_gpu_fp16_projections: dict[str, MixShares] | None = optional()
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         doc = super().to_json()
         outputs = doc.pop("outputs")
         return {**doc, **outputs}
