@@ -56,12 +56,12 @@ def test_extrapolation_scales_what_grows_with_the_weights():
     tiny["stages"]["export@256"] = {"seconds": 12.0}
     real["stages"]["export@256"] = {"seconds": 40.0, "startup_seconds": 6.0}
     out = report.extrapolate(tiny, real)
-    assert out["stages"]["export@256"]["seconds"] == 6.0 + 8 * 34.0
+    assert out.stages["export@256"].seconds == 6.0 + 8 * 34.0
     # more than one stack copy above the runtime: only one copy's worth grows with the depth
-    assert out["stages"]["verify_model"]["peak_anon_gib"] == 6.0 + 7 * (4e9 / 2**30)
-    assert out["blocks"] == 8
+    assert out.stages["verify_model"].peak_anon_gib == 6.0 + 7 * (4e9 / 2**30)
+    assert out.blocks == 8
     stack = 4e9 / 2**30  # the real-width run's fp32 stack, GiB
-    assert out["stages"]["export@64"] == {
+    assert out.stages["export@64"].to_json() == {
         "seconds": 8 * 30.0,
         # above the runtime: weights up to one stack copy grow 8x, the rest (per-layer work) does not
         "peak_rss_gib": 4.5 + 7 * min(3.5, stack),
@@ -69,13 +69,13 @@ def test_extrapolation_scales_what_grows_with_the_weights():
         "peak_rss_gib_upper": 1.0 + 8 * 3.5,
         "peak_anon_gib_upper": 0.5 + 8 * 1.5,
     }
-    assert out["stages"]["verify_kernel"] == {"seconds": 55.0, "peak_rss_gib": 0.5}  # set by widths, not layers
-    assert out["row_graph_bytes_per_L"] == 8 * 3.5e9 and out["fp32_stack_bytes"] == 8 * 4e9
-    assert out["without_tiny_run"] == []
+    assert out.stages["verify_kernel"].to_json() == {"seconds": 55.0, "peak_rss_gib": 0.5}  # set by widths
+    assert out.row_graph_bytes_per_L == 8 * 3.5e9 and out.fp32_stack_bytes == 8 * 4e9
+    assert out.without_tiny_run == []
     # a real-width stage the tiny run lacks is named, not silently dropped from the total
     real["stages"]["release"] = {"seconds": 90.0}
     out = report.extrapolate(tiny, real)
-    assert out["without_tiny_run"] == ["release"] and "release" not in out["stages"]
+    assert out.without_tiny_run == ["release"] and "release" not in out.stages
 
 
 @pytest.mark.parametrize("layers", ["block", "all"])
@@ -91,10 +91,10 @@ def test_a_gpu_stage_that_runs_the_first_block_costs_at_clef_flash_what_it_cost_
         "latency": {},
         "params": {"verify_gpu": {"layers": layers}},
     }
-    out = report.extrapolate(tiny, real)["stages"]["verify_gpu_row@64"]
+    out = report.extrapolate(tiny, real).stages["verify_gpu_row@64"]
     times = 1 if layers == "block" else 8
-    assert (out["seconds"], out["accelerator_seconds"]) == (times * 100.0, times * 80.0)
-    assert out["peak_anon_gib"] == 5.0 + 7 * min(4.5, 4e9 / 2**30)
+    assert (out.seconds, out.accelerator_seconds) == (times * 100.0, times * 80.0)
+    assert out.peak_anon_gib == 5.0 + 7 * min(4.5, 4e9 / 2**30)
 
 
 def test_default_pipeline_interpolates_the_sizes_the_run_did_not_have():
@@ -170,11 +170,11 @@ def test_runtime_records_are_named_as_the_pipeline_names_the_stage(tmp_path):
     records = report.stage_records(tmp_path)
     assert sorted(records) == ["export@64", "stack", "verify_gpu_pair@256_64", "verify_gpu_row@64"]
     # the accelerator's share comes from verify_gpu's own record, both modes summed, where it was kept
-    assert "accelerator_seconds" not in records["verify_gpu_row@64"]
+    assert "accelerator_seconds" not in records["verify_gpu_row@64"].to_json()
     gpu = tmp_path / layout.gpu_result_path(layout.gpu_name(prefix=256, suffix=64))
     gpu.parent.mkdir(parents=True)
     gpu.write_text('{"accelerator_seconds": {"fp32": 0.25, "fp16": 0.5}}')
-    assert report.stage_records(tmp_path)["verify_gpu_pair@256_64"]["accelerator_seconds"] == 0.75
+    assert report.stage_records(tmp_path)["verify_gpu_pair@256_64"].accelerator_seconds == 0.75
 
 
 def test_gpu_figures_come_from_each_record_per_mode_and_the_worst_lets_nan_through(tmp_path):
@@ -234,12 +234,16 @@ def test_gpu_figures_come_from_each_record_per_mode_and_the_worst_lets_nan_throu
         },
     )
     out = report.gpu_figures(tmp_path)
-    gpu = out["gpu"]
+    gpu = out.gpu
     assert sorted(gpu) == ["gpu_pair_P64_S64", "gpu_row_L64"]
     row = gpu["gpu_row_L64"]
-    assert (row["layers_checked"], row["layers"]) == (4, 4)
-    assert row["fp32"] == {"fully_accelerated": True, "max_rel_vs_torch": 1e-6, "max_rel_per_position_vs_torch": 1e-5}
-    assert row["mixed"] == {
+    assert (row.layers_checked, row.layers) == (4, 4)
+    assert row.fp32.to_json() == {
+        "fully_accelerated": True,
+        "max_rel_vs_torch": 1e-6,
+        "max_rel_per_position_vs_torch": 1e-5,
+    }
+    assert row.mixed.to_json() == {
         "fully_accelerated": True,
         "max_rel_vs_f64": 0.004,
         "max_rel_per_position_vs_f64": 0.008,
@@ -248,11 +252,15 @@ def test_gpu_figures_come_from_each_record_per_mode_and_the_worst_lets_nan_throu
         "over_floor_per_position": 1.7,
         "within_target": True,
     }
-    assert row["fp16"]["over_floor"] == 10.0 and row["fp16"]["within_target"] is False
+    assert row.fp16.over_floor == 10.0 and row.fp16.within_target is False
     old = gpu["gpu_pair_P64_S64"]
-    assert sorted(old) == ["fp16", "fp32", "layers", "layers_checked"]  # no mixed before it ran
-    assert old["fp32"] == {"fully_accelerated": False, "max_rel_vs_torch": 2e-6, "max_rel_per_position_vs_torch": 3e-6}
-    assert old["fp16"] == {
+    assert sorted(old.to_json()) == ["fp16", "fp32", "layers", "layers_checked"]  # no mixed before it ran
+    assert old.fp32.to_json() == {
+        "fully_accelerated": False,
+        "max_rel_vs_torch": 2e-6,
+        "max_rel_per_position_vs_torch": 3e-6,
+    }
+    assert old.fp16.to_json() == {
         "fully_accelerated": False,
         "max_rel_vs_f64": 0.05,
         "max_rel_per_position_vs_f64": 0.06,
@@ -261,12 +269,12 @@ def test_gpu_figures_come_from_each_record_per_mode_and_the_worst_lets_nan_throu
         "over_floor_per_position": None,
         "within_target": False,
     }
-    worst = out["gpu_worst"]
-    assert worst["fp16"]["over_floor"] == 12.5  # the old record's, the larger
-    assert math.isnan(worst["fp16"]["over_floor_per_position"])  # NaN wins over every figure
-    assert worst["mixed"] == {"over_floor": 1.3, "over_floor_per_position": 1.7}  # the one graph that ran mixed
+    worst = out.gpu_worst
+    assert worst["fp16"].over_floor == 12.5  # the old record's, the larger
+    assert math.isnan(worst["fp16"].over_floor_per_position)  # NaN wins over every figure
+    assert worst["mixed"].to_json() == {"over_floor": 1.3, "over_floor_per_position": 1.7}  # the one that ran mixed
     # a workspace whose verify_gpu has not run: no graphs, no worst
-    assert report.gpu_figures(tmp_path / "none") == {
+    assert report.gpu_figures(tmp_path / "none").to_json() == {
         "gpu": {},
         "gpu_worst": {m: {"over_floor": None, "over_floor_per_position": None} for m in ("fp16", "mixed")},
     }

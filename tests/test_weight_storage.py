@@ -266,11 +266,11 @@ def test_the_weights_bench_compiles_each_precision_for_the_gpu_section_by_sectio
     got = weights_bench.gpu_compiled(fp16, 1, tflite_file.census(fp16))
     assert set(got) == set(gpu_accelerator.MODES)
     for mode, g in got.items():
-        assert g["compiled"] and g["fully_accelerated"] and not g["run"], (mode, g)
-        assert g["sections"] >= 2  # max_bytes=1: one section per weight
+        assert g.compiled and g.fully_accelerated and g.run is False, (mode, g)
+        assert g.sections >= 2  # max_bytes=1: one section per weight
     _, int8, _ = graphs["int8"]
     got = weights_bench.gpu_compiled(int8, 1, tflite_file.census(int8))
-    assert all(not g["compiled"] and "Shape mismatch" in g["refused"] for g in got.values()), got
+    assert all(not g.compiled and "Shape mismatch" in g.refused for g in got.values()), got
 
 
 def test_sections_are_sized_by_the_weights_the_accelerator_holds_not_their_stored_bytes(graphs):

@@ -16,6 +16,7 @@ whether the peers do.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import math
 import os
@@ -30,11 +31,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.litert import export, gpu_accelerator, tflite_file
 from scripts.pipeline import atomic, layout, provenance
 from scripts.pipeline.errors import ClefError, run_command
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 
@@ -63,25 +66,20 @@ _BOILERPLATE = (
 # the layer graphs: one GatedDeltaNet, hidden [1, L, H] and valid [1, L] in, hidden out
 
 
-class OursLayer(nn.Module):
-    def __init__(self, gdn: nn.Module):
+class LayerGraph(nn.Module):
+    """One GatedDeltaNet as a graph; `mask` names its argument for valid (ours: attention_mask,
+    litert-torch's: valid_mask)."""
+
+    def __init__(self, gdn: nn.Module, mask: str):
         super().__init__()
         self.gdn = gdn
+        self.mask = mask
 
     def forward(self, hidden, valid):
-        return {"hidden": self.gdn(hidden, attention_mask=valid)}
+        return {"hidden": self.gdn(hidden, **{self.mask: valid})}
 
 
-class LitertLayer(nn.Module):
-    def __init__(self, gdn: nn.Module):
-        super().__init__()
-        self.gdn = gdn
-
-    def forward(self, hidden, valid):
-        return {"hidden": self.gdn(hidden, valid_mask=valid)}
-
-
-def litert_gdn(cfg, layer_idx: int, weights: dict, mode: str) -> nn.Module:
+def litert_gdn(cfg, layer_idx: int, weights: dict[str, torch.Tensor], mode: str) -> nn.Module:
     """litert-torch's static GatedDeltaNet at the checkpoint's widths with `weights` (a stock layer's)."""
     from litert_torch.generative.export_hf.model_ext.qwen3_5.modeling_qwen3_5_static import Qwen3_5StaticGatedDeltaNet
 
@@ -116,10 +114,10 @@ def short_refusal(line: str) -> str:
     return re.sub(r"(\s+\S*[;/]\S*)+$", "", line).strip()
 
 
-def tally(lines) -> dict:
+def tally(lines) -> dict[str, int]:
     """{"OP: reason": how many refusal lines say it}. gpu_accelerator.refused_ops keeps one line per
     distinct text, so a reason printed without a node path stands for one or many nodes."""
-    out: dict = {}
+    out: dict[str, int] = {}
     for line in lines:
         out[short_refusal(line)] = out.get(short_refusal(line), 0) + 1
     return out
@@ -138,26 +136,40 @@ def notable_lines(log: str) -> list[str]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class MixedCompile(Record):
+    """A graph compiled for GPU | CPU: what the GPU refused (tally), how many ops each took (None where the
+    log does not say), whether it is fully accelerated (None where it did not compile), the error, the log."""
+
+    refused: dict[str, int]
+    refused_lines: int
+    gpu_ops: int | None
+    cpu_ops: int | None
+    fully_accelerated: bool | None
+    error: str | None
+    log: list[str]
+
+
 def compile_mixed(path: Path, fp32: bool):
-    """Compile for GPU | CPU; -> (Compiled or None, facts: refused ops, GPU/CPU op counts, error)."""
+    """Compile for GPU | CPU; -> (Compiled or None, MixedCompile)."""
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator
 
     model, text, error = gpu_accelerator.load(path, HardwareAccelerator.GPU | HardwareAccelerator.CPU, fp32)
     counts = gpu_accelerator.FALLBACK.search(text)
     refused = gpu_accelerator.refused_ops(text)
-    facts = {
-        "refused": tally(refused),
-        "refused_lines": len(refused),
-        "gpu_ops": int(counts.group(1)) if counts else None,
-        "cpu_ops": int(counts.group(2)) if counts else None,
-        "fully_accelerated": bool(model.is_fully_accelerated()) if model is not None else None,
-        "error": error,
-        "log": notable_lines(text),
-    }
+    facts = MixedCompile(
+        refused=tally(refused),
+        refused_lines=len(refused),
+        gpu_ops=int(counts.group(1)) if counts else None,
+        cpu_ops=int(counts.group(2)) if counts else None,
+        fully_accelerated=bool(model.is_fully_accelerated()) if model is not None else None,
+        error=error,
+        log=notable_lines(text),
+    )
     if model is None:
         return None, facts
     name = gpu_accelerator.adapter_name(text) or "?"
-    return gpu_accelerator.Compiled(path, fp32, model, name, facts["fully_accelerated"], text), facts
+    return gpu_accelerator.Compiled(path, fp32, model, name, facts.fully_accelerated, text), facts
 
 
 def compile_cpu(path: Path):
@@ -174,10 +186,32 @@ def compile_cpu(path: Path):
 # running
 
 
-def measure(compiled, feeds: dict, ref: torch.Tensor, repeats: int = REPEATS) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Run(Record):
+    """A graph run on an accelerator: which (`accelerators`, and for a GPU whether it took the graph whole),
+    its accuracy against the reference and its times; or, where it compiled but could not run, `error` and
+    `log` in their place. The CPU control that did not compile holds only `error`, the log's lines.
+    `over_floor`: an fp16 run's rel over the fp16 floor's."""
+
+    accelerators: str | None = optional()
+    fully_accelerated: bool | None = optional()
+    finite: bool | None = optional()
+    rel: float | None = optional()
+    worst_position_rel: float | None = optional()
+    worst_position: int | None = optional()
+    median_position_rel: float | None = optional()
+    median_s: float | None = optional()
+    times_s: list[float] | None = optional()
+    first_run_log: list[str] | None = optional()
+    over_floor: float | None = optional()
+    error: str | list[str] | None = optional()
+    log: list[str] | None = optional()
+
+
+def measure(compiled, feeds: dict[str, torch.Tensor], ref: torch.Tensor, repeats: int = REPEATS) -> Run:
     """Accuracy against `ref` and median seconds of one call (inputs written, run, outputs read),
         after one warm-up whose log is kept (some warnings only come at the first run); a graph that cannot
-    run -> {"error", "log"}."""
+    run -> its error and log."""
     with gpu_accelerator.captured_stderr() as log:
         try:
             call = compiled.signature()
@@ -185,7 +219,7 @@ def measure(compiled, feeds: dict, ref: torch.Tensor, repeats: int = REPEATS) ->
         except RuntimeError as exc:  # e.g. a custom op the runtime cannot resolve shows only here
             error = " ".join(str(exc).split())
     if error is not None:
-        return {"error": error, "log": notable_lines(log["text"])}
+        return Run(error=error, log=notable_lines(log["text"]))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -193,16 +227,16 @@ def measure(compiled, feeds: dict, ref: torch.Tensor, repeats: int = REPEATS) ->
         times.append(time.perf_counter() - t0)
     per_position = compare.rel_per_position(out, ref)
     worst = max(range(len(per_position)), key=lambda i: per_position[i])
-    return {
-        "finite": bool(torch.isfinite(out).all()),
-        "rel": compare.rel(out, ref),
-        "worst_position_rel": per_position[worst],
-        "worst_position": worst,
-        "median_position_rel": statistics.median(per_position),
-        "median_s": statistics.median(times),
-        "times_s": times,
-        "first_run_log": notable_lines(log["text"]),
-    }
+    return Run(
+        finite=bool(torch.isfinite(out).all()),
+        rel=compare.rel(out, ref),
+        worst_position_rel=per_position[worst],
+        worst_position=worst,
+        median_position_rel=statistics.median(per_position),
+        median_s=statistics.median(times),
+        times_s=times,
+        first_run_log=notable_lines(log["text"]),
+    )
 
 
 def close(compiled) -> None:
@@ -210,34 +244,63 @@ def close(compiled) -> None:
         compiled.model.close()
 
 
-def gpu_rows(path: Path, feeds: dict, ref: torch.Tensor, adapters: set) -> dict:
-    """GPU alone, else GPU | CPU, in fp32 and fp16 mode: what compiled and how it ran."""
-    out = {"gpu_alone": {}, "gpu_cpu": {}, "runs": {}}
+@dataclasses.dataclass(frozen=True)
+class GpuAlone(Record):
+    """A graph compiled for the GPU accelerator alone: whether it compiled, and whether whole with the log's
+    notable lines, or the accelerator's error."""
+
+    compiled: bool
+    fully_accelerated: bool | None = optional()
+    log: list[str] | None = optional()
+    error: str | None = optional()
+
+
+def gpu_rows(
+    path: Path, feeds: dict[str, torch.Tensor], ref: torch.Tensor, adapters: set[str]
+) -> tuple[dict[str, GpuAlone], dict[str, MixedCompile] | None, dict[str, Run | None]]:
+    """GPU alone, else GPU | CPU, in fp32 and fp16 mode: what compiled and how it ran, per mode."""
+    gpu_alone: dict[str, GpuAlone] = {}
+    gpu_cpu: dict[str, MixedCompile] = {}
+    runs: dict[str, Run | None] = {}
     for mode, fp32 in MODES.items():
         compiled, how = None, "GPU"
         try:
             compiled = gpu_accelerator.compile(path, "fp32" if fp32 else "fp16")
-            out["gpu_alone"][mode] = {
-                "compiled": True,
-                "fully_accelerated": compiled.fully_accelerated,
-                "log": notable_lines(compiled.log),
-            }
+            gpu_alone[mode] = GpuAlone(
+                compiled=True, fully_accelerated=compiled.fully_accelerated, log=notable_lines(compiled.log)
+            )
         except ClefError as exc:
-            out["gpu_alone"][mode] = {"compiled": False, "error": str(exc).replace(str(path), path.name)}
-            compiled, out["gpu_cpu"][mode] = compile_mixed(path, fp32)
+            gpu_alone[mode] = GpuAlone(compiled=False, error=str(exc).replace(str(path), path.name))
+            compiled, gpu_cpu[mode] = compile_mixed(path, fp32)
             how = "GPU|CPU"
         if compiled is None:
-            out["runs"][mode] = None
+            runs[mode] = None
             continue
         adapters.add(compiled.adapter)
-        out["runs"][mode] = {
-            "accelerators": how,
-            "fully_accelerated": compiled.fully_accelerated,
-            **measure(compiled, feeds, ref),
-        }
+        measured = measure(compiled, feeds, ref)
+        runs[mode] = dataclasses.replace(measured, accelerators=how, fully_accelerated=compiled.fully_accelerated)
         close(compiled)
-    out["gpu_cpu"] = out["gpu_cpu"] or None
-    return out
+    return gpu_alone, gpu_cpu or None, runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate(NestedRecord):
+    """One row of the table: a graph's census, the converted module's own error in fp32 torch (where there is
+    one), what the GPU accelerator took per mode and how it ran, and the CPU control."""
+
+    name: str
+    level: str
+    what: str
+    convert_seconds: float | None
+    op_total: int
+    max_rank: int
+    violations: list[str]
+    ops: dict[str, int]
+    gpu_alone: dict[str, GpuAlone]
+    gpu_cpu: dict[str, MixedCompile] | None
+    runs: dict[str, Run | None]
+    cpu_control: Run
+    torch_fp32_rel: float | None = optional()
 
 
 def candidate(
@@ -245,44 +308,50 @@ def candidate(
     level: str,
     what: str,
     path: Path,
-    feeds: dict,
-    refs: tuple,
-    adapters: set,
+    feeds: dict[str, torch.Tensor],
+    refs: tuple[torch.Tensor, torch.Tensor],
+    adapters: set[str],
     torch_module=None,
     convert_seconds: float | None = None,
-) -> dict:
+) -> Candidate:
     """One row of the table; `refs` = (float64 reference, the fp16 floor: stock in torch float16)."""
     ref, floor = refs
     census = tflite_file.census(path)
-    row = {
-        "name": name,
-        "level": level,
-        "what": what,
-        "convert_seconds": convert_seconds,
-        "op_total": census["op_total"],
-        "max_rank": census["max_rank"],
-        "violations": tflite_file.violations(census),
-        "ops": census["ops"],
-    }
+    torch_fp32_rel = None
     if torch_module is not None:  # the converted module itself in fp32 torch: the function it computes
         with torch.no_grad():
-            row["torch_fp32_rel"] = compare.rel(torch_module(**feeds)["hidden"], ref)
-    row.update(gpu_rows(path, feeds, ref, adapters))
-    fp16 = row["runs"]["fp16"]
-    if fp16 is not None and "rel" in fp16:
-        fp16["over_floor"] = fp16["rel"] / compare.rel(floor, ref)
+            torch_fp32_rel = compare.rel(torch_module(**feeds)["hidden"], ref)
+    gpu_alone, gpu_cpu, runs = gpu_rows(path, feeds, ref, adapters)
+    fp16 = runs["fp16"]
+    if fp16 is not None and fp16.rel is not None:
+        runs["fp16"] = dataclasses.replace(fp16, over_floor=fp16.rel / compare.rel(floor, ref))
     cpu, error = compile_cpu(path)
-    row["cpu_control"] = {"error": error} if cpu is None else {"accelerators": "CPU", **measure(cpu, feeds, ref)}
+    cpu_control = Run(error=error) if cpu is None else dataclasses.replace(measure(cpu, feeds, ref), accelerators="CPU")
     close(cpu)
+    row = Candidate(
+        name=name,
+        level=level,
+        what=what,
+        convert_seconds=convert_seconds,
+        op_total=census["op_total"],
+        max_rank=census["max_rank"],
+        violations=tflite_file.violations(census),
+        ops=census["ops"],
+        gpu_alone=gpu_alone,
+        gpu_cpu=gpu_cpu,
+        runs=runs,
+        cpu_control=cpu_control,
+        torch_fp32_rel=torch_fp32_rel,
+    )
     print(
-        f"{name}: {row['op_total']} ops, GPU alone fp32/fp16: "
-        f"{row['gpu_alone']['fp32']['compiled']}/{row['gpu_alone']['fp16']['compiled']}",
+        f"{name}: {row.op_total} ops, GPU alone fp32/fp16: "
+        f"{row.gpu_alone['fp32'].compiled}/{row.gpu_alone['fp16'].compiled}",
         flush=True,
     )
     return row
 
 
-def convert(module: nn.Module, feeds: dict, path: Path) -> float:
+def convert(module: nn.Module, feeds: dict[str, torch.Tensor], path: Path) -> float:
     t0 = time.perf_counter()
     export.convert(module, feeds, path)
     return time.perf_counter() - t0
@@ -292,7 +361,9 @@ def convert(module: nn.Module, feeds: dict, path: Path) -> float:
 # the run
 
 
-def references(model, inputs: dict, layer_idx: int, layer_in: torch.Tensor) -> dict:
+def references(
+    model, inputs: dict[str, torch.Tensor], layer_idx: int, layer_in: torch.Tensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{"row", "layer"}: (float64 reference, fp16 floor) of the stock twin's row and of the stock
     GatedDeltaNet on `layer_in`; the floor is the same stock module run in torch float16."""
     twin = patch.stock_twin(model)
@@ -307,9 +378,17 @@ def references(model, inputs: dict, layer_idx: int, layer_in: torch.Tensor) -> d
     return {"row": row, "layer": layer}
 
 
-def floor_figures(refs: dict) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Floor(Record):
+    """The fp16 floor at one level: the stock module in torch float16 against float64, whole and worst position."""
+
+    rel: float
+    worst_position_rel: float
+
+
+def floor_figures(refs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Floor]:
     return {
-        level: {"rel": compare.rel(half, exact), "worst_position_rel": max(compare.rel_per_position(half, exact))}
+        level: Floor(rel=compare.rel(half, exact), worst_position_rel=max(compare.rel_per_position(half, exact)))
         for level, (exact, half) in refs.items()
     }
 
@@ -325,22 +404,73 @@ def json_safe(obj):
     return obj
 
 
-def environment(adapters: set) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Environment(Record):
+    """Where the bench ran: the GPU adapters seen, Mesa's Vulkan drivers, package versions, the machine."""
+
+    adapters: list[str]
+    mesa_vulkan_drivers: str | None
+    versions: dict[str, str | None]
+    python: str
+    machine: str
+    cpus: int | None
+    torch_threads: int
+
+
+def environment(adapters: set[str]) -> Environment:
     try:
         mesa = subprocess.run(
             ["dpkg-query", "-W", "-f", "${Version}", "mesa-vulkan-drivers"], capture_output=True, text=True, check=True
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         mesa = None
-    return {
-        "adapters": sorted(adapters),
-        "mesa_vulkan_drivers": mesa,
-        "versions": provenance.package_versions(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
+    return Environment(
+        adapters=sorted(adapters),
+        mesa_vulkan_drivers=mesa,
+        versions=provenance.package_versions(),
+        python=platform.python_version(),
+        machine=platform.machine(),
+        cpus=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchInput(Record):
+    """The record every candidate ran on: its token count, model_check.random_ids's seed, its real tokens."""
+
+    tokens: int
+    seed: int
+    real: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference(NestedRecord):
+    """What each level's float64 reference and fp16 floor are, and the floor's figures per level."""
+
+    row: str
+    layer: str
+    fp16_floor: str
+    floor: dict[str, Floor]
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuBench(NestedRecord):
+    """results/gpu_bench.json: the candidates on the GPU accelerator, and what they ran against and where."""
+
+    revision: str
+    form: str
+    L: int
+    record: BenchInput
+    repeats: int
+    date: str
+    reference: Reference
+    timing: str
+    environment: Environment
+    loadavg_start: list[float]
+    loadavg_end: list[float]
+    candidates: list[Candidate]
+    seconds: float
 
 
 def main() -> None:
@@ -360,7 +490,7 @@ def main() -> None:
     layer_feeds = {"hidden": layer_in, "valid": inputs["valid"]}
     refs = references(model, inputs, i, layer_in)
     weights = patch.stock_twin(model).layers[i].linear_attn.state_dict()
-    adapters: set = set()
+    adapters: set[str] = set()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpu_bench.") as tmp:
         tmp = Path(tmp)
@@ -377,12 +507,13 @@ def main() -> None:
                 torch_module=ours_row,
             )
         )
-        layers = {"ours_layer": (f"our GatedDeltaNet (layer {i}) under {form}", OursLayer(model.layers[i].linear_attn))}
+        ours_layer = LayerGraph(model.layers[i].linear_attn, "attention_mask")
+        layers = {"ours_layer": (f"our GatedDeltaNet (layer {i}) under {form}", ours_layer)}
         for mode in LITERT_MODES:
             layers[f"litert_{mode}_layer"] = (
                 f"litert-torch Qwen3_5StaticGatedDeltaNet (layer {i} weights), "
                 f"{mode} mode {LITERT_MODES[mode]} (use_fused_gdn, gdn_mode)",
-                LitertLayer(litert_gdn(cfg, i, weights, mode)),
+                LayerGraph(litert_gdn(cfg, i, weights, mode), "valid_mask"),
             )
         for name, (what, module) in layers.items():
             path = tmp / f"{name}.tflite"
@@ -417,30 +548,30 @@ def main() -> None:
                 convert_seconds=seconds,
             )
         )
-    doc = {
-        "revision": rec.revision,
-        "form": form,
-        "L": L,
-        "record": {"tokens": L, "seed": SEED, "real": L},
-        "repeats": REPEATS,
-        "date": started.isoformat(timespec="seconds"),
-        "reference": {
-            "row": "model_check.in_float64(stock_twin(model)), last_hidden_state",
-            "layer": f"model_check.in_float64(stock Qwen3_5GatedDeltaNet, layer {i}) on "
+    doc = GpuBench(
+        revision=rec.revision,
+        form=form,
+        L=L,
+        record=BenchInput(tokens=L, seed=SEED, real=L),
+        repeats=REPEATS,
+        date=started.isoformat(timespec="seconds"),
+        reference=Reference(
+            row="model_check.in_float64(stock_twin(model)), last_hidden_state",
+            layer=f"model_check.in_float64(stock Qwen3_5GatedDeltaNet, layer {i}) on "
             f"layers[{i}].input_layernorm(embeds)",
-            "fp16_floor": "the same stock module in torch float16 (its chunk kernel casts to "
+            fp16_floor="the same stock module in torch float16 (its chunk kernel casts to "
             "float32 inside) vs float64; fp16 runs give over_floor = rel / floor rel",
-            "floor": floor_figures(refs),
-        },
-        "timing": "median of REPEATS calls after one warm-up; a call writes inputs, runs, reads outputs",
-        "environment": environment(adapters),
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
-        "candidates": rows,
-        "seconds": time.perf_counter() - t0,
-    }
-    atomic.write_json(OUT, json_safe(doc))
-    print(f"gpu_bench: {len(rows)} candidates -> {OUT} in {doc['seconds']:.0f} s")
+            floor=floor_figures(refs),
+        ),
+        timing="median of REPEATS calls after one warm-up; a call writes inputs, runs, reads outputs",
+        environment=environment(adapters),
+        loadavg_start=list(load_start),
+        loadavg_end=list(os.getloadavg()),
+        candidates=rows,
+        seconds=time.perf_counter() - t0,
+    )
+    atomic.write_json(OUT, json_safe(doc.to_json()))
+    print(f"gpu_bench: {len(rows)} candidates -> {OUT} in {doc.seconds:.0f} s")
 
 
 if __name__ == "__main__":

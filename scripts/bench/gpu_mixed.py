@@ -18,6 +18,7 @@ floor, and where it loses: one run on this machine -> results/gpu_mixed.json.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 import statistics
@@ -27,12 +28,14 @@ from pathlib import Path
 import torch
 from ai_edge_litert.tools import flatbuffer_utils
 
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, gpu_check, tflite_check
 from scripts.layers import kernel_form
 from scripts.litert import gpu_accelerator, sections, tflite_file
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError, run_command
+from scripts.pipeline.records import Record
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
 
@@ -55,7 +58,8 @@ def perturbed(embeds: torch.Tensor, seed: int) -> torch.Tensor:
     return embeds * (1 + (torch.rand(embeds.shape, generator=gen) * 2 - 1) * 2.0**-11)
 
 
-def errors(h: torch.Tensor, exact: torch.Tensor) -> dict:
+def errors(h: torch.Tensor, exact: torch.Tensor) -> dict[str, float]:
+    """{"global", "worst_position"}: the error of `h` against `exact` (a mapping: `global` names no field)."""
     return {"global": compare.rel(h, exact), "worst_position": max(compare.rel_per_position(h, exact))}
 
 
@@ -93,7 +97,31 @@ class RoundedOutputs:
         self.compiled.close()
 
 
-def spread(model, host, stock, path: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class SpreadRow(Record):
+    """One record (seed 0) or one of its perturbed copies: the floor and each half mode against float64,
+    and each mode's ratio to the floor."""
+
+    seed: int
+    floor: dict[str, float]
+    fp16: dict[str, float]
+    fp16_over_floor: dict[str, float]
+    mixed: dict[str, float]
+    mixed_over_floor: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread(NestedRecord):
+    """One record kind's rows, how far its floor moves, and each half mode's median ratio to the floor."""
+
+    real_tokens: int
+    rows: list[SpreadRow]
+    floor_max_over_min: float
+    fp16_over_floor_median: float
+    mixed_over_floor_median: float
+
+
+def spread(model, host, stock, path: Path) -> dict[str, Spread]:
     compiled = {m: gpu_accelerator.compile(path, m) for m in gpu_check.HALF_MODES}
     out = {}
     for kind, (n, inputs) in tflite_check.row_records(host, L, model.config.vocab_size, ("full", "padded")).items():
@@ -106,24 +134,68 @@ def spread(model, host, stock, path: Path) -> dict:
                 e = errors(c.signature()(**feeds)["hidden"][0, :n], exact)
                 row[mode] = {k: sig(v) for k, v in e.items()}
                 row[f"{mode}_over_floor"] = {k: sig(e[k] / row["floor"][k]) for k in e}
-            rows.append(row)
+            rows.append(SpreadRow(**row))
             print(f"spread {kind} seed {seed}: " + ", ".join(f"{k} {row[k]}" for k in row if k != "seed"), flush=True)
-        floors = [r["floor"]["global"] for r in rows]
-        out[kind] = {
-            "real_tokens": n,
-            "rows": rows,
-            "floor_max_over_min": sig(max(floors) / min(floors)),
+        floors = [r.floor["global"] for r in rows]
+        out[kind] = Spread(
+            real_tokens=n,
+            rows=rows,
+            floor_max_over_min=sig(max(floors) / min(floors)),
             **{
-                f"{mode}_over_floor_median": sig(statistics.median(r[f"{mode}_over_floor"]["global"] for r in rows))
+                f"{mode}_over_floor_median": sig(
+                    statistics.median(getattr(r, f"{mode}_over_floor")["global"] for r in rows)
+                )
                 for mode in compiled
             },
-        }
+        )
     for c in compiled.values():
         c.close()
     return out
 
 
-def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Tensor], n: int) -> dict:
+@dataclasses.dataclass(frozen=True)
+class PartFigures(Record):
+    """A run of ops alone in mixed and alone in fp32 rounded to fp16 once: the final hidden state's
+    {"global", "worst_position"} error against float64, and mixed's global error over the rounding's."""
+
+    mixed: dict[str, float]
+    fp32_rounded_once: dict[str, float]
+    mixed_over_rounding: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedPart(PartFigures):
+    """One part of the decoder layer (its module path) and its ops [start, stop)."""
+
+    part: str
+    ops: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedPiece(PartFigures):
+    """One piece of the largest part, cut after a matmul: its ops [start, stop) and their kinds."""
+
+    ops: list[int]
+    op_kinds: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class LargestPart(NestedRecord):
+    part: str
+    pieces: list[TracedPiece]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace(NestedRecord):
+    """The first decoder layer part by part on one record kind, then its largest part piece by piece."""
+
+    record: str
+    real_tokens: int
+    parts: list[TracedPart]
+    largest_part: LargestPart
+
+
+def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Tensor], n: int) -> PartFigures:
     """Ops `ops` alone in mixed inside an fp32 run of the whole graph, and alone in fp32 with their outputs
     rounded to fp16 once: the final hidden state's error against float64, median over `feeds`."""
     graph = sections.SectionedGraph(path, 1 << 62, cuts={SIGNATURE: [0, ops.start, ops.stop, op_count(path)]})
@@ -141,8 +213,11 @@ def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Te
         e = [errors(torch.as_tensor(o["hidden"])[0, :n], x) for o, x in zip(outs, exact, strict=True)]
         figures[how] = {k: sig(statistics.median(x[k] for x in e)) for k in ("global", "worst_position")}
     graph.close()
-    figures["mixed_over_rounding"] = sig(figures["mixed"]["global"] / figures["fp32_rounded_once"]["global"])
-    return figures
+    return PartFigures(
+        mixed=figures["mixed"],
+        fp32_rounded_once=figures["fp32_rounded_once"],
+        mixed_over_rounding=sig(figures["mixed"]["global"] / figures["fp32_rounded_once"]["global"]),
+    )
 
 
 MATMULS = ("FULLY_CONNECTED", "BATCH_MATMUL")
@@ -165,7 +240,7 @@ def split_at_matmuls(path: Path, ops: range) -> list[range]:
     return [range(a, b) for a, b in zip(cuts, [*cuts[1:], ops.stop], strict=True)]
 
 
-def trace(model, host, stock, path: Path) -> dict:
+def trace(model, host, stock, path: Path) -> Trace:
     """Each part of the first decoder layer, then the largest part (the GatedDeltaNet's kernel) cut after
     each of its matmuls."""
     n, inputs = tflite_check.row_records(host, L, model.config.vocab_size, (TRACE_RECORD,))[TRACE_RECORD]
@@ -174,16 +249,18 @@ def trace(model, host, stock, path: Path) -> dict:
     found = parts(path)
     rows = []
     for tag, ops in found:
-        rows.append({"part": tag, "ops": [ops.start, ops.stop], **part_figures(path, ops, feeds, exact, n)})
-        print(f"trace {tag} ops {ops.start}-{ops.stop}: {rows[-1]}", flush=True)
+        figures = part_figures(path, ops, feeds, exact, n)
+        rows.append(TracedPart(**vars(figures), part=tag, ops=[ops.start, ops.stop]))
+        print(f"trace {tag} ops {ops.start}-{ops.stop}: {rows[-1].to_json()}", flush=True)
     tag, largest = max(found, key=lambda t: len(t[1]))
     model_object = graph_object(path)
     inner = []
     for ops in split_at_matmuls(path, largest):
         kinds = sorted({tflite_file.op_name(model_object, model_object.subgraphs[0].operators[i]) for i in ops})
-        inner.append({"ops": [ops.start, ops.stop], "op_kinds": kinds, **part_figures(path, ops, feeds, exact, n)})
-        print(f"trace {tag} ops {ops.start}-{ops.stop}: {inner[-1]}", flush=True)
-    return {"record": TRACE_RECORD, "real_tokens": n, "parts": rows, "largest_part": {"part": tag, "pieces": inner}}
+        figures = part_figures(path, ops, feeds, exact, n)
+        inner.append(TracedPiece(**vars(figures), ops=[ops.start, ops.stop], op_kinds=kinds))
+        print(f"trace {tag} ops {ops.start}-{ops.stop}: {inner[-1].to_json()}", flush=True)
+    return Trace(record=TRACE_RECORD, real_tokens=n, parts=rows, largest_part=LargestPart(part=tag, pieces=inner))
 
 
 def graph_object(path: Path):
@@ -194,6 +271,20 @@ def op_count(path: Path) -> int:
     return len(graph_object(path).subgraphs[0].operators)
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuMixed(NestedRecord):
+    """results/gpu_mixed.json: the spread per record kind and the trace of the first decoder layer."""
+
+    what: str
+    measured_utc: str
+    graph: str
+    form: str
+    metric: str
+    spread: dict[str, Spread]
+    trace: Trace
+    seconds: float
+
+
 def main() -> None:
     start = time.time()
     path = layout.require(layout.row_path(L), f"export@{L}")
@@ -202,19 +293,21 @@ def main() -> None:
     form = str(kernel_form.parse(params.load(["form"])["form"]))
     model, _, _ = patch.load(snap, form, progress=False)
     host, stock = Host(snap), gpu_check.StockReferences(model)
-    report = {
-        "what": __doc__.split("\n\n")[0],
-        "measured_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "graph": str(path),
-        "form": form,
-        "metric": "max |x - ref| / max |ref| (global) and the worst position's ||x - ref|| / ||ref||, ref: stock "
+    measured_utc = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    spreads, traced = spread(model, host, stock, path), trace(model, host, stock, path)
+    report = GpuMixed(
+        what=__doc__.split("\n\n")[0],
+        measured_utc=measured_utc,
+        graph=str(path),
+        form=form,
+        metric="max |x - ref| / max |ref| (global) and the worst position's ||x - ref|| / ||ref||, ref: stock "
         "transformers in float64 on the same inputs",
-        "spread": spread(model, host, stock, path),
-        "trace": trace(model, host, stock, path),
-    }
-    report["seconds"] = round(time.time() - start, 1)
-    atomic.write_json(OUT, report)
-    print(f"wrote {OUT} in {report['seconds']:.0f} s")
+        spread=spreads,
+        trace=traced,
+        seconds=round(time.time() - start, 1),
+    )
+    atomic.write_json(OUT, report.to_json())
+    print(f"wrote {OUT} in {report.seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -21,20 +21,24 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.layers import gated_delta, kernel_form
 from scripts.litert import export, gpu_accelerator
 from scripts.pipeline import atomic
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill
@@ -46,7 +50,7 @@ PART_L, PART_SEED = 256, 0  # the parts' record: 4 chunks, so the inter-chunk re
 MODEL_L, MODEL_SEEDS = 64, tuple(range(8))
 SK_WIDTH = 8
 rel = compare.rel
-ADAPTER: dict = {}
+ADAPTER: dict[str, str] = {}
 
 
 def sig(x: float) -> float:
@@ -112,46 +116,149 @@ def half(module: nn.Module) -> nn.Module:
     return m
 
 
-def gpu_runs(module: nn.Module, inputs: dict, name: str) -> dict:
-    """{"fp16": outputs, "fp32": outputs, "adapter": ...} of `module` converted and compiled alone."""
+@dataclasses.dataclass(frozen=True)
+class GpuOutputs:
+    """A part's outputs on the GPU accelerator in fp16 and fp32 mode, and the adapter it ran on."""
+
+    fp16: dict[str, torch.Tensor]
+    fp32: dict[str, torch.Tensor]
+    adapter: str
+
+
+def gpu_runs(module: nn.Module, inputs: dict[str, torch.Tensor], name: str) -> GpuOutputs:
+    """The outputs of `module` converted and compiled alone, in fp16 and fp32 mode."""
     SCRATCH.mkdir(parents=True, exist_ok=True)
     path = SCRATCH / f"{name}.tflite"
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         export.convert(module, {k: v.float() for k, v in inputs.items()}, path)
-    out = {}
+    out, adapter = {}, ""
     for mode, fp32 in (("fp16", False), ("fp32", True)):
         compiled = gpu_accelerator.compile(path, "fp32" if fp32 else "fp16")
         out[mode] = compiled.signature()(**{k: v.float() for k, v in inputs.items()})
-        out["adapter"] = compiled.adapter
-    return out
+        adapter = compiled.adapter
+    return GpuOutputs(fp16=out["fp16"], fp32=out["fp32"], adapter=adapter)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxError(Record):
+    """The largest error of torch float16, GPU fp16 and GPU fp32 against float64 (error_where)."""
+
+    torch_fp16: float
+    gpu_fp16: float
+    gpu_fp32: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstValues(Record):
+    """An output's first element in float64, torch float16 and GPU fp16."""
+
+    f64: float
+    torch_fp16: float
+    gpu_fp16: float
+
+
+SMALL_G_KEY = "max_abs_err_where_abs_g_lt_0.1"  # OutputFigures.max_abs_err_where_small_g in the JSON
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFigures(Record):
+    """One output of a part: GPU fp16, torch float16 and GPU fp32 against float64 (max |x - ref| / max |ref|)
+    and float64's largest magnitude; then what some parts add: where |g| < 0.1 (how many, the largest
+    absolute error there), the largest elementwise relative error, log1p's fp16 zeros, the share of
+    FULLY_CONNECTED's outputs the sequential fp16 accumulation reproduces bit for bit, first values."""
+
+    gpu_fp16_vs_f64: float
+    torch_fp16_vs_f64: float
+    gpu_fp32_vs_f64: float
+    max_abs_f64: float
+    small_g_count: int | None = optional()
+    max_abs_err_where_small_g: MaxError | None = optional()
+    max_elementwise_rel: MaxError | None = optional()
+    gpu_fp16_zero_up_to_x: float | None = optional()
+    gpu_fp16_bitwise_equal_to_fp16_sequential_accumulation: float | None = optional()
+    values: FirstValues | None = optional()
+
+    def to_json(self) -> dict[str, Any]:
+        doc = super().to_json()
+        if "max_abs_err_where_small_g" in doc:
+            doc[SMALL_G_KEY] = doc.pop("max_abs_err_where_small_g")
+        return doc
+
+    @classmethod
+    def from_json(cls, doc, where: str) -> OutputFigures:
+        if isinstance(doc, dict) and SMALL_G_KEY in doc:
+            doc = {("max_abs_err_where_small_g" if k == SMALL_G_KEY else k): v for k, v in doc.items()}
+        return super().from_json(doc, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixShares(Record):
+    """The float64 mix's error fed one source's projections: all four, then each alone (the rest float64)."""
+
+    all: float
+    conv: float
+    z: float
+    beta: float
+    a: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PartFigures(NestedRecord):
+    """One part: what its inputs are, and per output (named by the part) its OutputFigures, beside
+    `inputs` in the JSON; the GatedDeltaNet layer adds how much of its error the projections carry."""
+
+    inputs: str
+    outputs: dict[str, OutputFigures]
+    mix_on_gpu_fp16_projections: dict[str, MixShares] | None = optional()
+
+    def to_json(self) -> dict[str, Any]:
+        doc = super().to_json()
+        outputs = doc.pop("outputs")
+        return {**doc, **outputs}
+
+    @classmethod
+    def from_json(cls, doc, where: str) -> PartFigures:
+        if isinstance(doc, dict):
+            named = {f.name for f in dataclasses.fields(cls)}
+            doc = {
+                **{k: v for k, v in doc.items() if k in named},
+                "outputs": {k: v for k, v in doc.items() if k not in named},
+            }
+        return super().from_json(doc, where)
+
+    def adding(self, output: str, **figures) -> PartFigures:
+        """These figures with `figures` added to those of `output`."""
+        return dataclasses.replace(
+            self, outputs={**self.outputs, output: dataclasses.replace(self.outputs[output], **figures)}
+        )
 
 
 def measure(
-    name: str, module: nn.Module, inputs: dict, describe: str, ref: nn.Module | None = None
-) -> tuple[dict, dict]:
+    name: str, module: nn.Module, inputs: dict[str, torch.Tensor], describe: str, ref: nn.Module | None = None
+) -> tuple[PartFigures, dict[str, tuple[torch.Tensor, ...]]]:
     """Per output: GPU fp16, torch float16 and GPU fp32, each vs torch float64 on the same inputs.
     -> (figures for the JSON, raw outputs {output: (f64, torch16, gpu16, gpu32)})."""
     with torch.no_grad():
         exact = copy.deepcopy(ref or module).double()(**{k: v.double() for k, v in inputs.items()})
         torch16 = half(module)(**{k: v.half() for k, v in inputs.items()})
     gpu = gpu_runs(module, inputs, name)
-    ADAPTER.setdefault("name", gpu["adapter"])
-    raw = {k: (exact[k], torch16[k], gpu["fp16"][k], gpu["fp32"][k]) for k in exact}
-    figures = {"inputs": describe}
-    for k, (e, h, g16, g32) in raw.items():
-        figures[k] = {
-            "gpu_fp16_vs_f64": sig(rel(g16, e)),
-            "torch_fp16_vs_f64": sig(rel(h, e)),
-            "gpu_fp32_vs_f64": sig(rel(g32, e)),
-            "max_abs_f64": sig(float(e.abs().max())),
-        }
+    ADAPTER.setdefault("name", gpu.adapter)
+    raw = {k: (exact[k], torch16[k], gpu.fp16[k], gpu.fp32[k]) for k in exact}
+    outputs = {
+        k: OutputFigures(
+            gpu_fp16_vs_f64=sig(rel(g16, e)),
+            torch_fp16_vs_f64=sig(rel(h, e)),
+            gpu_fp32_vs_f64=sig(rel(g32, e)),
+            max_abs_f64=sig(float(e.abs().max())),
+        )
+        for k, (e, h, g16, g32) in raw.items()
+    }
     line = "  ".join(
-        f"{k}: gpu16 {v['gpu_fp16_vs_f64']:.3g} torch16 {v['torch_fp16_vs_f64']:.3g} gpu32 {v['gpu_fp32_vs_f64']:.3g}"
-        for k, v in figures.items()
-        if k != "inputs"
+        f"{k}: gpu16 {v.gpu_fp16_vs_f64:.3g} torch16 {v.torch_fp16_vs_f64:.3g} gpu32 {v.gpu_fp32_vs_f64:.3g}"
+        for k, v in outputs.items()
     )
     print(f"{name:28s} {line}", flush=True)
-    return figures, raw
+    return PartFigures(inputs=describe, outputs=outputs), raw
 
 
 class Fn(nn.Module):
@@ -177,7 +284,28 @@ def load_model():
     return model, Host(snap)
 
 
-def capture(model, host, length: int, seed: int) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Captured:
+    """The first GatedDeltaNet on a record: the record, the module, its input x and valid, projections
+    (qkv, z, beta, a), conv output, q/k/v (heads interleaved), g and the kernel's core."""
+
+    record: dict[str, torch.Tensor]
+    gdn: nn.Module
+    x: torch.Tensor
+    valid: torch.Tensor
+    qkv: torch.Tensor
+    conv: torch.Tensor
+    z: torch.Tensor
+    beta: torch.Tensor
+    a: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    core: torch.Tensor
+
+
+def capture(model, host, length: int, seed: int) -> Captured:
     """The first GatedDeltaNet's input, projections, conv output, q/k/v (heads interleaved), g and core."""
     vocab = host.embed_tokens.shape[0]
     record = host.record(model_check.random_ids(length, vocab, seed), length)
@@ -201,60 +329,63 @@ def capture(model, host, length: int, seed: int) -> dict:
         v = v.reshape(1, length, -1, gdn.head_v_dim)
         g = -gdn.A_log.exp() * gated_delta.safe_softplus(a + gdn.dt_bias)
         core, _ = gdn.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
-    return {
-        "record": record,
-        "gdn": gdn,
-        "x": x,
-        "valid": valid,
-        "qkv": qkv,
-        "conv": conv,
-        "z": z,
-        "beta": beta,
-        "a": a,
-        "q": q,
-        "k": k,
-        "v": v,
-        "g": g,
-        "core": core,
-    }
+    return Captured(
+        record=record, gdn=gdn, x=x, valid=valid, qkv=qkv, conv=conv, z=z, beta=beta, a=a, q=q, k=k, v=v, g=g, core=core
+    )
 
 
-def kernel_pieces(c: dict, form: kernel_form.Form) -> dict:
+@dataclasses.dataclass(frozen=True)
+class KernelPieces:
+    """The kernel's intermediate tensors, laid out [chunks, heads, C, ..]: g chunk-major, the pair log-decays,
+    N, u, w, the decayed q, the in-chunk attention, the k tail and each chunk's carry."""
+
+    g_chunks: torch.Tensor
+    pair: torch.Tensor
+    n_mat: torch.Tensor
+    u: torch.Tensor
+    w: torch.Tensor
+    q_decayed: torch.Tensor
+    intra: torch.Tensor
+    k_tail: torch.Tensor
+    carry: torch.Tensor
+
+
+def kernel_pieces(c: Captured, form: kernel_form.Form) -> KernelPieces:
     """The kernel's intermediate tensors for the captured inputs, computed by the kernel's own pieces
     (gated_delta.in_chunk, decayed, carry) in fp32, laid out [chunks, heads, C, ..] as the part graphs take them."""
     const = gated_delta.chunk_constants(form.chunk)
-    length, h, dk = c["k"].shape[1:]
+    length, h, dk = c.k.shape[1:]
     n = length // form.chunk
 
     def chunk_major(t, tail):
         return t.transpose(1, 2).reshape(h, n, form.chunk, *tail).transpose(0, 1).contiguous()
 
     with torch.no_grad():
-        q = chunk_major(gated_delta.l2norm(c["q"]), (dk,)) * dk**-0.5
-        k = chunk_major(gated_delta.l2norm(c["k"]), (dk,))
-        v = chunk_major(c["v"] * form.v_scale, (c["v"].shape[-1],))
-        beta = chunk_major(c["beta"], ())
-        g = chunk_major(torch.clamp_min(c["g"], gated_delta.G_FLOOR), ())
+        q = chunk_major(gated_delta.l2norm(c.q), (dk,)) * dk**-0.5
+        k = chunk_major(gated_delta.l2norm(c.k), (dk,))
+        v = chunk_major(c.v * form.v_scale, (c.v.shape[-1],))
+        beta = chunk_major(c.beta, ())
+        g = chunk_major(torch.clamp_min(c.g, gated_delta.G_FLOOR), ())
         ic = gated_delta.in_chunk(q, k, v, beta, g, form, const)
         w, q_decayed, k_tail = gated_delta.decayed(ic, form)
-        return {
-            "g_chunks": g,
-            "pair": ic.pair,
-            "n_mat": ic.n_mat,
-            "u": ic.u,
-            "w": w,
-            "q_decayed": q_decayed,
-            "intra": ic.intra,
-            "k_tail": k_tail,
-            "carry": gated_delta.carry(ic, form),
-        }
+        return KernelPieces(
+            g_chunks=g,
+            pair=ic.pair,
+            n_mat=ic.n_mat,
+            u=ic.u,
+            w=w,
+            q_decayed=q_decayed,
+            intra=ic.intra,
+            k_tail=k_tail,
+            carry=gated_delta.carry(ic, form),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # the parts
 
 
-def error_where(raw: tuple, mask: torch.Tensor | None = None, relative: bool = False) -> dict:
+def error_where(raw: tuple, mask: torch.Tensor | None = None, relative: bool = False) -> MaxError:
     """Max error of torch float16, GPU fp16 and GPU fp32 against float64, absolute or elementwise relative,
     over `mask` (every element when None)."""
     e = raw[0]
@@ -262,13 +393,13 @@ def error_where(raw: tuple, mask: torch.Tensor | None = None, relative: bool = F
     for label, t in (("torch_fp16", raw[1]), ("gpu_fp16", raw[2]), ("gpu_fp32", raw[3])):
         err = (t.double() - e).abs() / (e.abs() if relative else 1.0)
         out[label] = sig(float(err[mask].max() if mask is not None else err.max()))
-    return out
+    return MaxError(**out)
 
 
-def softplus_parts(c: dict) -> dict:
+def softplus_parts(c: Captured) -> dict[str, PartFigures]:
     """g = -exp(A_log) softplus(a + dt_bias) on the real a, and softplus on a sweep, log1p form vs series."""
     out = {}
-    gdn = c["gdn"]
+    gdn = c.gdn
     sweep = torch.linspace(-12.0, 4.0, 1024).reshape(1, 1024)
     for tag, fn in (("before", log1p_softplus), ("after", series_softplus)):
 
@@ -278,14 +409,14 @@ def softplus_parts(c: dict) -> dict:
         figs, raw = measure(
             f"g_softplus_{tag}",
             g_of(fn),
-            {"a": c["a"]},
+            {"a": c.a},
             f"a [1, {PART_L}, 4] from in_proj_a (layer 0, seed {PART_SEED}); g = -exp(A_log) softplus(a + dt_bias)",
             ref=g_of(F.softplus),
         )
         small = raw["g"][0].abs() < 0.1
-        figs["g"]["small_g_count"] = int(small.sum())
-        figs["g"]["max_abs_err_where_abs_g_lt_0.1"] = error_where(raw["g"], small)
-        out[f"g_softplus_{tag}"] = figs
+        out[f"g_softplus_{tag}"] = figs.adding(
+            "g", small_g_count=int(small.sum()), max_abs_err_where_small_g=error_where(raw["g"], small)
+        )
         figs, raw = measure(
             f"softplus_sweep_{tag}",
             Fn(lambda m, x, _fn=fn: {"y": _fn(x)}),
@@ -293,8 +424,7 @@ def softplus_parts(c: dict) -> dict:
             "x = linspace(-12, 4, 1024); softplus(x)",
             ref=Fn(lambda m, x: {"y": F.softplus(x)}),
         )
-        figs["y"]["max_elementwise_rel"] = error_where(raw["y"], relative=True)
-        out[f"softplus_sweep_{tag}"] = figs
+        out[f"softplus_sweep_{tag}"] = figs.adding("y", max_elementwise_rel=error_where(raw["y"], relative=True))
     return out
 
 
@@ -308,19 +438,19 @@ def recurrence(m, u, w, q_decayed, intra, k_tail, carry):
     return {"out": torch.cat(outs, dim=1), "state": state}
 
 
-def kernel_parts(c: dict) -> dict:
+def kernel_parts(c: Captured) -> dict[str, PartFigures]:
     """The chunk kernel of FORM piece by piece, then whole, then the gated norm after it."""
     form = kernel_form.parse(FORM)
     const = gated_delta.chunk_constants(form.chunk)
     kern = gated_delta.make_kernel(form)
     p = kernel_pieces(c, form)
-    pads = c["k"].clone()
+    pads = c.k.clone()
     pads[:, -8:] = 0.0  # zero rows, as the pad guard leaves them: l2norm(0) must stay 0, not NaN
     parts = [
         (
             "l2norm",
             lambda m, q, k: {"q": gated_delta.l2norm(q), "k": gated_delta.l2norm(k)},
-            {"q": c["q"], "k": pads},
+            {"q": c.q, "k": pads},
             f"q, k [1, {PART_L}, 4, 32] post-conv; k's last 8 rows zero (eps 1e-6 is subnormal in fp16)",
         ),
         (
@@ -328,52 +458,52 @@ def kernel_parts(c: dict) -> dict:
             lambda m, g: dict(
                 zip(("pair", "prefix", "total", "tail"), gated_delta.decays(g, form, const), strict=True)
             ),
-            {"g": p["g_chunks"]},
+            {"g": p.g_chunks},
             "g chunk-major [4 chunks, 4 heads, 64], floored at -30: segment-sum matmuls",
         ),
         (
             "pair_decay",
             lambda m, pair: {"gamma": gated_delta.pair_decay(pair, form, const)},
-            {"pair": p["pair"]},
+            {"pair": p.pair},
             "pair log-decays [4, 4, 64, 64]: exp(min(pair, 0)) x lower mask",
         ),
         (
             "block_inverse",
             lambda m, n: {"t": gated_delta.block_inverse(n, const)},
-            {"n": p["n_mat"]},
+            {"n": p.n_mat},
             "N = -(beta k k^T) gamma, strictly lower [4, 4, 64, 64]: (I - N)^-1",
         ),
         (
             "chunk_recurrence",
             recurrence,
-            {k: p[k] for k in ("u", "w", "q_decayed", "intra", "k_tail", "carry")},
+            {k: getattr(p, k) for k in ("u", "w", "q_decayed", "intra", "k_tail", "carry")},
             "the kernel's per-chunk tensors (vs6 scale) -> the unrolled inter-chunk state update, 4 chunks",
         ),
         (
             "kernel",
             lambda m, q, k, v, g, beta: {"core": kern(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]},
-            {k: c[k] for k in ("q", "k", "v", "g", "beta")},
+            {k: getattr(c, k) for k in ("q", "k", "v", "g", "beta")},
             f"q, k, v, g, beta [L={PART_L}] -> core (x 2^6)",
         ),
     ]
     out = {name: measure(name, Fn(fn), inputs, describe)[0] for name, fn, inputs, describe in parts}
     for tag, k in (("vs6", 0), ("vs12", 6)):  # vs12: core 2^6 x larger, eps 4^6 x larger
-        gated = copy.deepcopy(c["gdn"].norm)
+        gated = copy.deepcopy(c.gdn.norm)
         gated.variance_epsilon *= 4.0**k
         part = Fn(lambda m, core, z: {"y": m.norm(core.reshape(-1, 32), z.reshape(-1, 32))})
         part.norm = gated
-        top = float(c["core"].abs().max()) * 2**k
+        top = float(c.core.abs().max()) * 2**k
         out[f"gated_norm_{tag}"] = measure(
             f"gated_norm_{tag}",
             part,
-            {"core": c["core"] * 2.0**k, "z": c["z"]},
+            {"core": c.core * 2.0**k, "z": c.z},
             f"core x 2^{6 + k} (max |core| {top:.4g}), z; eps x 4^{6 + k}",
         )[0]
     return out
 
 
-def projection_parts(c: dict) -> dict:
-    gdn = c["gdn"]
+def projection_parts(c: Captured) -> dict[str, PartFigures]:
+    gdn = c.gdn
     out = {}
     for tag, width in (("before", 0), ("after", SK_WIDTH)):
         w = gdn.in_proj_qkv.weight
@@ -381,7 +511,7 @@ def projection_parts(c: dict) -> dict:
         out[f"in_proj_qkv_{tag}"] = measure(
             f"in_proj_qkv_{tag}",
             fc,
-            {"x": c["x"]},
+            {"x": c.x},
             f"x [1, {PART_L}, 128] (the GatedDeltaNet's input) @ W^T [128 -> 256]"
             + (f", split-K {width}" if width else ""),
         )[0]
@@ -399,13 +529,12 @@ def projection_parts(c: dict) -> dict:
         describe = f"the first GatedDeltaNet on its real input x [1, {PART_L}, 128]: pad guard, projections, conv, mix"
         if width:
             describe += f"; fix: split-K {width} projections, series softplus"
-        figs, raw = measure(f"gdn_layer_{tag}", part, {"x": c["x"], "valid": c["valid"]}, describe)
-        figs["mix_on_gpu_fp16_projections"] = mix_attribution(gdn, raw)
-        out[f"gdn_layer_{tag}"] = figs
+        figs, raw = measure(f"gdn_layer_{tag}", part, {"x": c.x, "valid": c.valid}, describe)
+        out[f"gdn_layer_{tag}"] = dataclasses.replace(figs, mix_on_gpu_fp16_projections=mix_attribution(gdn, raw))
     return out
 
 
-def mix_attribution(gdn, raw: dict) -> dict:
+def mix_attribution(gdn, raw: dict[str, tuple[torch.Tensor, ...]]) -> dict[str, MixShares]:
     """The float64 mix fed each source's projections (conv, z, beta, a) vs fed the float64 ones:
     how much of the layer's error the projections carry, and which of them."""
     mix64 = copy.deepcopy(gdn).double()
@@ -418,7 +547,9 @@ def mix_attribution(gdn, raw: dict) -> dict:
     res = {}
     for label, i in (("gpu_fp16", 2), ("torch_fp16", 1)):
         src = {k: raw[k][i] for k in exact}
-        res[label] = {"all": sig(rel(mix(src), y0)), **{k: sig(rel(mix({**exact, k: src[k]}), y0)) for k in exact}}
+        res[label] = MixShares(
+            all=sig(rel(mix(src), y0)), **{k: sig(rel(mix({**exact, k: src[k]}), y0)) for k in exact}
+        )
     return res
 
 
@@ -442,13 +573,16 @@ def linear_part(width: int, w: torch.Tensor) -> Fn:
     return Fn(lambda m, x: {"y": split_k_linear(x, m.W, None, width) if width else F.linear(x, m.W)}, W=w)
 
 
-def first_value(raw: tuple) -> dict:
-    return {
-        label: sig(float(t.flatten()[0])) for label, t in zip(("f64", "torch_fp16", "gpu_fp16"), raw[:3], strict=True)
-    }
+def first_value(raw: tuple) -> FirstValues:
+    return FirstValues(
+        **{
+            label: sig(float(t.flatten()[0]))
+            for label, t in zip(("f64", "torch_fp16", "gpu_fp16"), raw[:3], strict=True)
+        }
+    )
 
 
-def one_ops(c: dict) -> dict:
+def one_ops(c: Captured) -> dict[str, PartFigures]:
     """One-op graphs: LOG(1 + x), FULLY_CONNECTED at K = 32..2048 (and split-K), SUM / MEAN accumulation,
     and the overflow of a square."""
     out = {}
@@ -460,29 +594,32 @@ def one_ops(c: dict) -> dict:
         "x = logspace(-6, 0, 256); litert lowers log1p to ADD(x, 1) + LOG",
     )
     zero = raw["y"][2][0] == 0
-    figs["y"]["gpu_fp16_zero_up_to_x"] = sig(float(x[0][zero].max())) if bool(zero.any()) else 0.0
-    figs["y"]["max_elementwise_rel"] = error_where(raw["y"], relative=True)
-    out["op_log1p"] = figs
-    w = c["gdn"].in_proj_qkv.weight
+    out["op_log1p"] = figs.adding(
+        "y",
+        gpu_fp16_zero_up_to_x=sig(float(x[0][zero].max())) if bool(zero.any()) else 0.0,
+        max_elementwise_rel=error_where(raw["y"], relative=True),
+    )
+    w = c.gdn.in_proj_qkv.weight
     gen = torch.Generator().manual_seed(0)
-    cases = [("op_fully_connected_real_K128", c["x"], w, "the real x and in_proj_qkv weight")]
+    cases = [("op_fully_connected_real_K128", c.x, w, "the real x and in_proj_qkv weight")]
     for k in (32, 128, 512, 2048):
         xs, ws = torch.randn(1, 64, k, generator=gen), torch.randn(128, k, generator=gen) / k**0.5
         cases.append((f"op_fully_connected_K{k}", xs, ws, f"x ~ N(0, 1) [1, 64, {k}], W ~ N(0, 1/K) [128, {k}]"))
     for name, xs, ws, describe in cases:
         figs, raw = measure(name, linear_part(0, ws), {"x": xs}, describe + "; one FULLY_CONNECTED")
         same = raw["y"][2].double() == fp16_sequential_linear(xs, ws).double()
-        figs["y"]["gpu_fp16_bitwise_equal_to_fp16_sequential_accumulation"] = sig(float(same.double().mean()))
-        out[name] = figs
+        out[name] = figs.adding(
+            "y", gpu_fp16_bitwise_equal_to_fp16_sequential_accumulation=sig(float(same.double().mean()))
+        )
     for width in (32, 16, 8):
         name = f"op_split_k_{width}_real_K128"
         describe = f"the real x and in_proj_qkv weight; BATCH_MATMUL over {128 // width} slices of {width} + SUM"
-        out[name] = measure(name, linear_part(width, w), {"x": c["x"]}, describe)[0]
+        out[name] = measure(name, linear_part(width, w), {"x": c.x}, describe)[0]
     mul_sum = Fn(lambda m, x: {"y": (x.reshape(-1, 1, 128) * m.W.reshape(1, -1, 128)).sum(-1)}, W=w)
     out["op_mul_sum_real_K128"] = measure(
         "op_mul_sum_real_K128",
         mul_sum,
-        {"x": c["x"]},
+        {"x": c.x},
         "the same dot products as MUL + SUM over K (needs M x N x K memory)",
     )[0]
     reductions = [
@@ -507,8 +644,7 @@ def one_ops(c: dict) -> dict:
     ]
     for name, fn, xs, describe in reductions:
         figs, raw = measure(name, Fn(fn), {"x": xs}, describe)
-        figs["y"]["values"] = first_value(raw["y"])
-        out[name] = figs
+        out[name] = figs.adding("y", values=first_value(raw["y"]))
     return out
 
 
@@ -525,7 +661,35 @@ def truncated(model, layers: int):
     return m
 
 
-def graph_rows(model, host) -> dict:
+@dataclasses.dataclass(frozen=True)
+class GraphFigures(Record):
+    """A whole graph before or after the fix: GPU fp16 against stock float64 per seed, its median, the mean
+    per position, GPU fp32's and torch fp32's (against the current form in float64) worst, the conversion's
+    seconds, and the worst seed's ratio to the torch-float16 floor."""
+
+    gpu_fp16_vs_f64: list[float]
+    gpu_fp16_median: float
+    gpu_fp16_mean_per_position: float
+    gpu_fp32_vs_f64_max: float
+    torch_fp32_vs_current_form_f64_max: float
+    convert_seconds: float
+    over_floor_max: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphScope(Record):
+    """One scope (one layer, the row graph) on MODEL_SEEDS' records: the floor per seed and per position,
+    and the graph before and after the fix."""
+
+    L: int
+    seeds: list[int]
+    floor_stock_torch_fp16_vs_f64: list[float]
+    floor_mean_per_position: float
+    before: GraphFigures
+    after: GraphFigures
+
+
+def graph_rows(model, host) -> dict[str, GraphScope]:
     vocab = host.embed_tokens.shape[0]
     records = {s: host.record(model_check.random_ids(MODEL_L, vocab, s), MODEL_L) for s in MODEL_SEEDS}
     out = {}
@@ -541,31 +705,33 @@ def graph_rows(model, host) -> dict:
                 floors[s] = floor16(inputs_embeds=r["embeds"].half(), use_cache=False).last_hidden_state
                 cur[s] = current64(**{k: v.double() for k, v in r.items()})["hidden"]
         floor = [sig(rel(floors[s], refs[s])) for s in MODEL_SEEDS]
-        entry = {
-            "L": MODEL_L,
-            "seeds": list(MODEL_SEEDS),
-            "floor_stock_torch_fp16_vs_f64": floor,
-            "floor_mean_per_position": sig(mean_per_position(floors, refs)),
-        }
+        figures = {}
         for tag in ("before", "after"):
             m = base if tag == "before" else with_fix(copy.deepcopy(base))
-            e = entry[tag] = graph_figures(m, records, refs, cur, f"{scope}_{tag}_L{MODEL_L}")
-            e["over_floor_max"] = sig(max(a / b for a, b in zip(e["gpu_fp16_vs_f64"], floor, strict=True)))
+            e = figures[tag] = graph_figures(m, records, refs, cur, floor, f"{scope}_{tag}_L{MODEL_L}")
             print(
-                f"{scope} {tag}: gpu16 median {e['gpu_fp16_median']:.4g} max {max(e['gpu_fp16_vs_f64']):.4g} "
-                f"mean/pos {e['gpu_fp16_mean_per_position']:.4g}; gpu32 {e['gpu_fp32_vs_f64_max']:.3g}; "
-                f"torch fp32 vs current form f64 {e['torch_fp32_vs_current_form_f64_max']:.3g}",
+                f"{scope} {tag}: gpu16 median {e.gpu_fp16_median:.4g} max {max(e.gpu_fp16_vs_f64):.4g} "
+                f"mean/pos {e.gpu_fp16_mean_per_position:.4g}; gpu32 {e.gpu_fp32_vs_f64_max:.3g}; "
+                f"torch fp32 vs current form f64 {e.torch_fp32_vs_current_form_f64_max:.3g}",
                 flush=True,
             )
-        out[scope] = entry
+        out[scope] = GraphScope(
+            L=MODEL_L,
+            seeds=list(MODEL_SEEDS),
+            floor_stock_torch_fp16_vs_f64=floor,
+            floor_mean_per_position=sig(mean_per_position(floors, refs)),
+            **figures,
+        )
     return out
 
 
-def mean_per_position(outs: dict, refs: dict) -> float:
+def mean_per_position(outs: dict[int, torch.Tensor], refs: dict[int, torch.Tensor]) -> float:
     return sum(sum(compare.rel_per_position(outs[s], refs[s])) / MODEL_L for s in refs) / len(refs)
 
 
-def graph_figures(model, records, refs, current64, name) -> dict:
+def graph_figures(model, records, refs, current64, floor: list[float], name: str) -> GraphFigures:
+    """`model`'s row graph converted and run on the GPU accelerator on `records`, against `refs` (stock
+    float64), torch fp32 against `current64` (the current form in float64), fp16 against `floor`."""
     row = ClefRowPrefill(model, MODEL_L)
     with torch.no_grad():
         t32 = {s: row(**r)["hidden"] for s, r in records.items()}
@@ -580,17 +746,18 @@ def graph_figures(model, records, refs, current64, name) -> dict:
         compiled = gpu_accelerator.compile(path, "fp32" if fp32 else "fp16")
         gpu[mode] = {s: compiled.signature()(**records[s])["hidden"] for s in records}
     rels = [sig(rel(gpu["fp16"][s], refs[s])) for s in records]
-    return {
-        "gpu_fp16_vs_f64": rels,
-        "gpu_fp16_median": sorted(rels)[len(rels) // 2],
-        "gpu_fp16_mean_per_position": sig(mean_per_position(gpu["fp16"], refs)),
-        "gpu_fp32_vs_f64_max": sig(max(rel(gpu["fp32"][s], refs[s]) for s in records)),
-        "torch_fp32_vs_current_form_f64_max": sig(max(rel(t32[s], current64[s]) for s in records)),
-        "convert_seconds": round(seconds, 1),
-    }
+    return GraphFigures(
+        gpu_fp16_vs_f64=rels,
+        gpu_fp16_median=sorted(rels)[len(rels) // 2],
+        gpu_fp16_mean_per_position=sig(mean_per_position(gpu["fp16"], refs)),
+        gpu_fp32_vs_f64_max=sig(max(rel(gpu["fp32"][s], refs[s]) for s in records)),
+        torch_fp32_vs_current_form_f64_max=sig(max(rel(t32[s], current64[s]) for s in records)),
+        convert_seconds=round(seconds, 1),
+        over_floor_max=sig(max(a / b for a, b in zip(rels, floor, strict=True))),
+    )
 
 
-def exactness(c: dict) -> dict:
+def exactness(c: Captured) -> dict[str, dict[str, float]]:
     """The fix's formulas against the current ones: in float64 (formula against formula) and in fp32 (against
     float64 truth). Whole graphs cannot show float64 differences below ~1e-7: the stack's RMSNorms compute in
     float32 even in a float64 copy (transformers' Qwen3_5RMSNorm calls x.float())."""
@@ -600,7 +767,7 @@ def exactness(c: dict) -> dict:
     soft = {"series_vs_log1p_form_f64_max_rel": sig(float(diff.max()))}
     for name, fn in (("log1p_form", log1p_softplus), ("series", series_softplus)):
         soft[f"{name}_fp32_vs_truth_max_rel"] = sig(float(((fn(x).double() - truth).abs() / truth).max()))
-    xs, w = c["x"], c["gdn"].in_proj_qkv.weight
+    xs, w = c.x, c.gdn.in_proj_qkv.weight
     truth = F.linear(xs.double(), w.double())
     lin = {
         "split_k_vs_linear_f64": sig(rel(split_k_linear(xs.double(), w.double(), None, SK_WIDTH), truth)),
@@ -610,11 +777,11 @@ def exactness(c: dict) -> dict:
     return {"softplus_on_linspace_-80_80": soft, "in_proj_qkv_real_inputs": lin}
 
 
-def rms_norm_parts(model, c: dict) -> dict:
+def rms_norm_parts(model, c: Captured) -> dict[str, PartFigures]:
     """An observation, not part of the fix: Qwen3_5RMSNorm's (1 + w) is folded into one constant, which the GPU
     stores in fp16 (a per-channel rounding torch float16 does not make); y + y w keeps w exact."""
     norm = model.layers[0].input_layernorm
-    record = c["record"]["embeds"]
+    record = c.record["embeds"]
     out = {}
 
     def y_plus_y_w(m, x):
@@ -640,28 +807,55 @@ def main() -> None:
         run()
 
 
+@dataclasses.dataclass(frozen=True)
+class Fix(Record):
+    """The fix prototyped: projections summed in slices of split_k_width products, and the softplus's log1p."""
+
+    split_k_width: int
+    softplus: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuParts(NestedRecord):
+    """results/gpu_parts.json: the parts, the fix's exactness, the one-op graphs and the whole graphs before
+    and after the fix, on the adapter named."""
+
+    what: str
+    metric: str
+    form: str
+    fix: Fix
+    parts: dict[str, PartFigures]
+    fix_exactness: dict[str, dict[str, float]]
+    one_op: dict[str, PartFigures]
+    graphs: dict[str, GraphScope]
+    adapter: str | None
+    seconds: float
+
+
 def run() -> None:
     start = time.time()
     torch.manual_seed(0)
     model, host = load_model()
     c = capture(model, host, PART_L, PART_SEED)
-    report = {
-        "what": "LiteRT GPU accelerator (fp16 and fp32 mode) vs torch float64 and torch float16, part by part, on the "
+    parts = {**softplus_parts(c), **kernel_parts(c), **projection_parts(c), **rms_norm_parts(model, c)}
+    fix_exactness, one_op, graphs = exactness(c), one_ops(c), graph_rows(model, host)
+    report = GpuParts(
+        what="LiteRT GPU accelerator (fp16 and fp32 mode) vs torch float64 and torch float16, part by part, on the "
         "first GatedDeltaNet's real inputs; one-op repros; before/after of the proposed fix (split-K 8 "
         "projections in GatedDeltaNets and MLPs, log1p by series) on one layer and the L=64 row graph",
-        "metric": "max |x - ref| / max |ref| (ref: torch float64 of the same part on the same inputs, or stock float64 "
+        metric="max |x - ref| / max |ref| (ref: torch float64 of the same part on the same inputs, or stock float64 "
         "for whole graphs); mean_per_position: mean over positions of ||x - ref|| / ||ref||",
-        "form": FORM,
-        "fix": {"split_k_width": SK_WIDTH, "softplus": "log1p by its atanh series to s^21"},
-        "parts": {**softplus_parts(c), **kernel_parts(c), **projection_parts(c), **rms_norm_parts(model, c)},
-        "fix_exactness": exactness(c),
-        "one_op": one_ops(c),
-        "graphs": graph_rows(model, host),
-    }
-    report["adapter"] = ADAPTER.get("name")
-    report["seconds"] = round(time.time() - start, 1)
-    atomic.write_json(OUT, report)
-    print(f"wrote {OUT} in {report['seconds']:.0f}s")
+        form=FORM,
+        fix=Fix(split_k_width=SK_WIDTH, softplus="log1p by its atanh series to s^21"),
+        parts=parts,
+        fix_exactness=fix_exactness,
+        one_op=one_op,
+        graphs=graphs,
+        adapter=ADAPTER.get("name"),
+        seconds=round(time.time() - start, 1),
+    )
+    atomic.write_json(OUT, report.to_json())
+    print(f"wrote {OUT} in {report.seconds:.0f}s")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check, tflite_check
 from scripts.litert import tflite_file
@@ -32,7 +33,7 @@ from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import Runtime, median_seconds
-from scripts.pipeline.records import Record
+from scripts.pipeline.records import Record, optional
 from scripts.release import builder
 
 PEAK_N = 4096  # 137 GFLOP per product: ~1 s here, long enough to time, the size of clef-flash's hidden
@@ -104,25 +105,39 @@ def pipeline_name(record: str) -> str:
     return record
 
 
-def stage_records(ws: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class StageFigures(Record):
+    """One stage's runtime record as the bench carries it, in GiB; a figure the record lacks (made before
+    it was kept, or a stage without a memory budget or an accelerator) is left out."""
+
+    seconds: float
+    peak_rss_gib: float
+    finished_utc: str
+    startup_seconds: float | None = optional()
+    peak_anon_gib: float | None = optional()
+    budget_gib: float | None = optional()
+    within_budget: bool | None = optional()
+    accelerator_seconds: float | None = optional()
+
+
+def stage_records(ws: Path) -> dict[str, StageFigures]:
+    """{pipeline's stage name: its StageFigures}, from the runtime records in `ws`."""
     runtime = ws / layout.RUNTIME
     runs = {pipeline_name(p.stem): Runtime.read(p) for p in sorted(runtime.glob("*.json"))} if runtime.is_dir() else {}
-    out = {}
-    for name, r in runs.items():
-        out[name] = {
-            "seconds": r.seconds,
-            **({"startup_seconds": r.startup_seconds} if r.startup_seconds is not None else {}),
-            "peak_rss_gib": r.peak_rss_bytes / 2**30,
-            **({"peak_anon_gib": r.peak_anon_bytes / 2**30} if r.peak_anon_bytes is not None else {}),
-            "finished_utc": r.finished_utc,
-        }
-        if r.memory_budget is not None:
-            out[name]["budget_gib"] = r.memory_budget.limit_bytes / 2**30
-            out[name]["within_budget"] = r.memory_budget.within
-        accelerator = accelerator_seconds(ws, name)
-        if accelerator is not None:
-            out[name]["accelerator_seconds"] = accelerator
-    return out
+    budgets = {name: r.memory_budget for name, r in runs.items()}
+    return {
+        name: StageFigures(
+            seconds=r.seconds,
+            startup_seconds=r.startup_seconds,
+            peak_rss_gib=r.peak_rss_bytes / 2**30,
+            peak_anon_gib=r.peak_anon_bytes / 2**30 if r.peak_anon_bytes is not None else None,
+            finished_utc=r.finished_utc,
+            budget_gib=budgets[name].limit_bytes / 2**30 if budgets[name] is not None else None,
+            within_budget=budgets[name].within if budgets[name] is not None else None,
+            accelerator_seconds=accelerator_seconds(ws, name),
+        )
+        for name, r in runs.items()
+    }
 
 
 def accelerator_seconds(ws: Path, stage: str) -> float | None:
@@ -138,7 +153,7 @@ def accelerator_seconds(ws: Path, stage: str) -> float | None:
     return sum(doc["accelerator_seconds"].values()) if "accelerator_seconds" in doc else None
 
 
-def ops_per_gdn_layer(ws: Path) -> dict:
+def ops_per_gdn_layer(ws: Path) -> dict[str, int]:
     """{L: the most ops any GatedDeltaNet has in the row graph of L}, from verify_tflite's census."""
     out = {}
     for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
@@ -188,12 +203,62 @@ GPU_HALF_KEYS = (
 )
 
 
-def gpu_figures(ws: Path) -> dict:
-    """verify_gpu's records in `ws` (results/gpu/*.json) -> {"gpu": {record name: {layers_checked, layers,
-    and per mode: fully_accelerated, fp32's GPU_FP32_KEYS, each half mode's GPU_HALF_KEYS}}, "gpu_worst":
-    {half mode: the worst over_floor and over_floor_per_position over the graphs (NaN wins; None where no
-    graph has it)}}. A record without `modes` (made before verify_gpu ran mixed) gives fp32 and fp16 from
-    its flat keys (no per-position ratio, no mixed)."""
+@dataclasses.dataclass(frozen=True)
+class Fp32Figures(Record):
+    """A graph on the GPU accelerator in fp32 mode: taken whole, and its error against torch."""
+
+    fully_accelerated: bool | None
+    max_rel_vs_torch: float | None
+    max_rel_per_position_vs_torch: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfFigures(Record):
+    """A graph on the GPU accelerator in a half mode (GPU_HALF_MODES): taken whole, its error against
+    float64, the torch-float16 floor's, its ratio to the floor and whether that is within the target."""
+
+    fully_accelerated: bool | None
+    max_rel_vs_f64: float | None
+    max_rel_per_position_vs_f64: float | None
+    floor_max_rel_vs_f64: float | None
+    over_floor: float | None
+    over_floor_per_position: float | None
+    within_target: bool | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphGpu(Record):
+    """One verify_gpu record: the layers it checked of the graph's, and each mode's figures (no mixed in a
+    record made before verify_gpu ran it)."""
+
+    layers_checked: int | None
+    layers: int | None
+    fp32: Fp32Figures
+    fp16: HalfFigures
+    mixed: HalfFigures | None = optional()
+
+
+@dataclasses.dataclass(frozen=True)
+class WorstOverFloor(Record):
+    """A half mode's worst ratios to the floor over the graphs (NaN wins; None where no graph has one)."""
+
+    over_floor: float | None
+    over_floor_per_position: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFigures(NestedRecord):
+    """verify_gpu's figures of a workspace: per record (results/gpu/<name>.json), and the worst per half mode."""
+
+    gpu: dict[str, GraphGpu]
+    gpu_worst: dict[str, WorstOverFloor]
+
+
+def gpu_figures(ws: Path) -> GpuFigures:
+    """verify_gpu's records in `ws` (results/gpu/*.json) -> per record its layers_checked, layers, and per
+    mode: fully_accelerated, fp32's GPU_FP32_KEYS, each half mode's GPU_HALF_KEYS; and per half mode the
+    worst over_floor and over_floor_per_position over the graphs. A record without `modes` (made before
+    verify_gpu ran mixed) gives fp32 and fp16 from its flat keys (no per-position ratio, no mixed)."""
     graphs = {}
     folder = ws / layout.GPU
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -213,25 +278,27 @@ def gpu_figures(ws: Path) -> dict:
             }
             for figures in modes.values():
                 figures["fully_accelerated"] = accelerated
-        graphs[path.stem] = {
-            "layers_checked": doc.get("layers_checked"),
-            "layers": doc.get("layers"),
+        graphs[path.stem] = GraphGpu(
+            layers_checked=doc.get("layers_checked"),
+            layers=doc.get("layers"),
             **{
-                mode: {
-                    "fully_accelerated": figures.get("fully_accelerated"),
+                mode: (HalfFigures if mode in GPU_HALF_MODES else Fp32Figures)(
+                    fully_accelerated=figures.get("fully_accelerated"),
                     **{k: figures.get(k) for k in (GPU_HALF_KEYS if mode in GPU_HALF_MODES else GPU_FP32_KEYS)},
-                }
+                )
                 for mode, figures in modes.items()
             },
-        }
+        )
     worst = {
-        mode: {
-            k: compare.largest(g[mode][k] for g in graphs.values() if mode in g)
-            for k in ("over_floor", "over_floor_per_position")
-        }
+        mode: WorstOverFloor(
+            **{
+                k: compare.largest(getattr(getattr(g, mode), k) for g in graphs.values() if getattr(g, mode))
+                for k in ("over_floor", "over_floor_per_position")
+            }
+        )
         for mode in GPU_HALF_MODES
     }
-    return {"gpu": graphs, "gpu_worst": worst}
+    return GpuFigures(gpu=graphs, gpu_worst=worst)
 
 
 def commit(ws: Path) -> str | None:
@@ -288,72 +355,144 @@ def bundle_figures(ws: Path) -> BundleFigures | None:
     )
 
 
-def weights_figures(ws: Path) -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class VariantGpu(Record):
+    """What the GPU accelerator made of a weights variant in one mode (None where the bench does not say)."""
+
+    compiled: bool | None
+    run: bool | None
+    fully_accelerated: bool | None
+    median_s: float | None
+    refused: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantFigures(NestedRecord):
+    """One weights variant as the bench carries it: bytes, conversion error, effect on decisions, CPU speed
+    and the GPU's take per mode (None where the weights bench has none)."""
+
+    bytes: int
+    conversion_max_rel: float
+    conversion_max_rel_per_position: float
+    min_top1_agreement: float
+    min_top5_agreement: float
+    max_mean_kl: float
+    fraction_of_peak: float
+    litert_median_s: float
+    torch_median_s: float
+    gpu: dict[str, VariantGpu] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsFigures(NestedRecord):
+    """The weights bench's record as the bench carries it: per variant its figures, the ratios to fp32, the
+    derived bundle's bytes and the fp16-vs-fp32 files' largest difference (None where not measured)."""
+
+    L: int
+    measured_utc: str
+    bytes_over_fp32: dict[str, float]
+    litert_speedup_over_fp32: dict[str, float]
+    bundle_bytes: dict[str, int] | None
+    reference_records_max_rel: float | None
+    variants: dict[str, VariantFigures]
+
+
+def weights_figures(ws: Path) -> WeightsFigures | None:
     """The weights bench's record in `ws` (results/weights.json, scripts/bench/weights_bench.py): per
     variant its bytes, conversion error, effect on decisions, CPU speed and GPU acceleration; None
-    where it has not run."""
+    where it has not run. Read as JSON, not as weights_bench.WeightsBench (which imports this module):
+    a record from an older bench, without the derived bundle or the reference records, is carried too."""
     path = ws / layout.result_path("weights")
     if not path.is_file():
         return None
     doc = json.loads(path.read_text())
-    return {
-        "L": doc["L"],
-        "measured_utc": doc["measured_utc"],
-        "bytes_over_fp32": doc["bytes_over_fp32"],
-        "litert_speedup_over_fp32": doc["litert_speedup_over_fp32"],
-        "bundle_bytes": (doc.get("bundle") or {}).get("bytes"),
-        "reference_records_max_rel": (doc.get("reference_records") or {}).get("max_rel"),
-        "variants": {
-            name: {
-                "bytes": v["bytes"],
-                "conversion_max_rel": v["conversion"]["max_rel_vs_torch"],
-                "conversion_max_rel_per_position": v["conversion"]["max_rel_per_position_vs_torch"],
-                "min_top1_agreement": v["quantization_effect"]["min_top1_agreement"],
-                "min_top5_agreement": v["quantization_effect"]["min_top5_agreement"],
-                "max_mean_kl": v["quantization_effect"]["max_mean_kl"],
-                "fraction_of_peak": v["cpu"]["fraction_of_peak"],
-                "litert_median_s": v["cpu"]["litert_median_s"],
-                "torch_median_s": v["cpu"]["torch_median_s"],
-                "gpu": {
-                    mode: {k: g.get(k) for k in ("compiled", "run", "fully_accelerated", "median_s", "refused")}
+    return WeightsFigures(
+        L=doc["L"],
+        measured_utc=doc["measured_utc"],
+        bytes_over_fp32=doc["bytes_over_fp32"],
+        litert_speedup_over_fp32=doc["litert_speedup_over_fp32"],
+        bundle_bytes=(doc.get("bundle") or {}).get("bytes"),
+        reference_records_max_rel=(doc.get("reference_records") or {}).get("max_rel"),
+        variants={
+            name: VariantFigures(
+                bytes=v["bytes"],
+                conversion_max_rel=v["conversion"]["max_rel_vs_torch"],
+                conversion_max_rel_per_position=v["conversion"]["max_rel_per_position_vs_torch"],
+                min_top1_agreement=v["quantization_effect"]["min_top1_agreement"],
+                min_top5_agreement=v["quantization_effect"]["min_top5_agreement"],
+                max_mean_kl=v["quantization_effect"]["max_mean_kl"],
+                fraction_of_peak=v["cpu"]["fraction_of_peak"],
+                litert_median_s=v["cpu"]["litert_median_s"],
+                torch_median_s=v["cpu"]["torch_median_s"],
+                gpu={
+                    mode: VariantGpu(
+                        **{k: g.get(k) for k in ("compiled", "run", "fully_accelerated", "median_s", "refused")}
+                    )
                     for mode, g in (v["gpu"] or {}).items()
                 }
                 or None,
-            }
+            )
             for name, v in doc["variants"].items()
         },
-    }
+    )
 
 
-def workspace(ws: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Workspace(NestedRecord):
+    """One workspace's run as the bench carries it: sizes, the bundle's and the weights bench's figures, each
+    stage's time and memory, latency per L, verify_gpu's figures (`gpu`, `gpu_worst`), the stages that did
+    not finish (failed, or skipped after a failure) and the params that shape the run."""
+
+    path: str
+    commit: str | None
+    graph_bytes: int
+    tarball_bytes: int
+    release_bytes: int
+    bundle: BundleFigures | None
+    weights: WeightsFigures | None
+    layers: int | None
+    fp32_bytes: int | None
+    stages: dict[str, StageFigures]
+    latency: dict[str, Latency]
+    stack_rss_budget: dict | None
+    stack_peak_rss_bytes: int | None
+    ops_per_gdn_layer: dict[str, int]
+    gpu: dict[str, GraphGpu]
+    gpu_worst: dict[str, WorstOverFloor]
+    stages_not_finished: list[str]
+    params: dict
+
+
+def workspace(ws: Path) -> Workspace:
     stack = ws / layout.result_path("stack")
     s = json.loads(stack.read_text()) if stack.is_file() else {}
     graphs = sorted((ws / layout.ROWS).glob("*.tflite")) + sorted((ws / layout.PAIRS).glob("*.tflite"))
     stages = stage_records(ws)
-    return {
-        "path": str(ws),
-        "commit": commit(ws),
-        "graph_bytes": sum(g.stat().st_size for g in graphs),
-        "tarball_bytes": sum(t.stat().st_size for t in (ws / layout.DIST).glob("*" + builder.TARBALL_SUFFIX)),
-        "release_bytes": sum(f.stat().st_size for f in (ws / layout.RELEASE).rglob("*") if f.is_file()),
-        "bundle": bundle.to_json() if (bundle := bundle_figures(ws)) else None,
-        "weights": weights_figures(ws),
-        "layers": s.get("layers"),
-        "fp32_bytes": s.get("fp32_bytes"),
-        "stages": stages,
-        "latency": {n: t.to_json() for n, t in latency(ws).items()},
-        "stack_rss_budget": s.get("rss_budget"),
-        "stack_peak_rss_bytes": s.get("peak_rss_bytes"),
-        "ops_per_gdn_layer": ops_per_gdn_layer(ws),
-        **gpu_figures(ws),  # "gpu" and "gpu_worst": verify_gpu's figures per graph and mode
-        # failed, or skipped after a failure (scripts/bench/real_width.py keeps only the run's records)
-        "stages_not_finished": [n for n in pipeline_stages(ws) if n not in stages],
-        "params": {
+    gpu = gpu_figures(ws)
+    return Workspace(
+        path=str(ws),
+        commit=commit(ws),
+        graph_bytes=sum(g.stat().st_size for g in graphs),
+        tarball_bytes=sum(t.stat().st_size for t in (ws / layout.DIST).glob("*" + builder.TARBALL_SUFFIX)),
+        release_bytes=sum(f.stat().st_size for f in (ws / layout.RELEASE).rglob("*") if f.is_file()),
+        bundle=bundle_figures(ws),
+        weights=weights_figures(ws),
+        layers=s.get("layers"),
+        fp32_bytes=s.get("fp32_bytes"),
+        stages=stages,
+        latency=latency(ws),
+        stack_rss_budget=s.get("rss_budget"),
+        stack_peak_rss_bytes=s.get("peak_rss_bytes"),
+        ops_per_gdn_layer=ops_per_gdn_layer(ws),
+        gpu=gpu.gpu,
+        gpu_worst=gpu.gpu_worst,
+        stages_not_finished=[n for n in pipeline_stages(ws) if n not in stages],
+        params={
             k: v
             for k, v in params.read(ws / "params.yaml").items()
             if k in ("lengths", "pairs", "memory", "verify_gpu", "model", "release", "weights")
         },
-    }
+    )
 
 
 # Stages whose work does not grow with the layer count: set by the widths and params (the kernel), or
@@ -379,9 +518,43 @@ UNEXTRAPOLATED = (
 )
 
 
-def extrapolate(tiny: dict, real: dict) -> dict:
+@dataclasses.dataclass(frozen=True)
+class StageNeeds(Record):
+    """One stage's extrapolated needs on clef-flash: seconds, the accelerator's share where the real-width
+    record kept it, and each memory figure the two runs both have, with its 8x `_upper` bound (none for an
+    AS_MEASURED stage)."""
+
+    seconds: float
+    accelerator_seconds: float | None = optional()
+    peak_rss_gib: float | None = optional()
+    peak_anon_gib: float | None = optional()
+    peak_rss_gib_upper: float | None = optional()
+    peak_anon_gib_upper: float | None = optional()
+
+
+@dataclasses.dataclass(frozen=True)
+class ClefFlash(NestedRecord):
+    """clef-flash's needs extrapolated from the two runs (extrapolate), and the default params' pipeline on
+    it (default_pipeline, set once the needs are known); memory_budget_gib where the tiny run's params
+    have a memory budget."""
+
+    blocks: int | None
+    stages: dict[str, StageNeeds]
+    without_tiny_run: list[str]
+    row_graph_bytes_per_L: int | None
+    bundle_bytes: int | None
+    release_bytes: int | None
+    release_bytes_by_weights: dict[str, int] | None
+    snapshot_bytes: float
+    fp32_stack_bytes: float | None
+    memory_budget_gib: float | None = optional()
+    default_pipeline: DefaultPipeline | None = optional()
+
+
+def extrapolate(tiny: dict, real: dict) -> ClefFlash:
     """clef-flash's needs per stage, from the real-width run (one of clef-flash's 8 blocks of 3
-    GatedDeltaNet + 1 attention layers) and the tiny run (the same code with ~no weights).
+    GatedDeltaNet + 1 attention layers) and the tiny run (the same code with ~no weights), each as
+    bench.json holds a Workspace (its to_json).
     - peak RSS and peak anonymous memory: what a stage holds above the tiny run's (the runtime) is
       weights up to one copy of the real-width stack, which grows 8x, and beyond that per-layer work
       (one layer converted to float64, activations at the same L), which does not: the real-width
@@ -408,44 +581,44 @@ def extrapolate(tiny: dict, real: dict) -> dict:
             continue
         memory = [k for k in ("peak_rss_gib", "peak_anon_gib") if k in r and k in t]
         if stage_size(name)[0] in AS_MEASURED:
-            out[name] = {"seconds": r["seconds"], **{k: r[k] for k in memory}}
+            out[name] = StageNeeds(seconds=r["seconds"], **{k: r[k] for k in memory})
         else:
             times = 1 if gpu_block and stage_size(name)[0] in GPU_STAGES else blocks
             startup = r.get("startup_seconds", 0.0)
-            out[name] = {
-                "seconds": startup + times * (r["seconds"] - startup),
-                **({"accelerator_seconds": times * r["accelerator_seconds"]} if "accelerator_seconds" in r else {}),
+            out[name] = StageNeeds(
+                seconds=startup + times * (r["seconds"] - startup),
+                accelerator_seconds=times * r["accelerator_seconds"] if "accelerator_seconds" in r else None,
                 **{k: r[k] + (blocks - 1) * min(max(r[k] - t[k], 0.0), stack_gib) for k in memory},
                 **{f"{k}_upper": t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
-            }
+            )
     graph = real["latency"].get("64", {}).get("bytes")
     fp32 = real.get("fp32_bytes") and blocks * real["fp32_bytes"]
     bundled = real.get("bundle")
-    doc = {
-        "blocks": blocks,
-        "stages": out,
+    budget = (tiny.get("params") or {}).get("memory")
+    return ClefFlash(
+        blocks=blocks,
+        stages=out,
         # a stage measured at real width with no tiny record (no `make release` here before the bench):
         # the runtime cannot be told from the weights, so it is not extrapolated
-        "without_tiny_run": sorted(n for n in real["stages"] if n not in tiny["stages"]),
-        "row_graph_bytes_per_L": graph and blocks * graph,
+        without_tiny_run=sorted(n for n in real["stages"] if n not in tiny["stages"]),
+        row_graph_bytes_per_L=graph and blocks * graph,
         # the bundle's weights and heads grow with the layers; the release's other files (host tables,
         # tokenizer, reference records) are the same at any depth
-        "bundle_bytes": bundled and blocks * bundled["bytes"],
-        "release_bytes": bundled and blocks * bundled["bytes"] + real.get("release_bytes", 0) - bundled["bytes"],
+        bundle_bytes=bundled and blocks * bundled["bytes"],
+        release_bytes=bundled and blocks * bundled["bytes"] + real.get("release_bytes", 0) - bundled["bytes"],
         # per weights precision: the bundle as the weights bench derived it at real width, the other files as built
-        "release_bytes_by_weights": {
+        release_bytes_by_weights={
             name: blocks * b + real.get("release_bytes", 0) - bundled["bytes"]
             for name, b in ((real.get("weights") or {}).get("bundle_bytes") or {}).items()
         }
         if bundled and blocks
         else None,
-        "snapshot_bytes": CLEF_FLASH_SNAPSHOT_BYTES,
-        "fp32_stack_bytes": fp32,
-    }
-    budget = (tiny.get("params") or {}).get("memory")
-    if budget and fp32:
-        doc["memory_budget_gib"] = (float(budget["factor"]) * fp32) / 2**30 + float(budget["overhead_gib"])
-    return doc
+        snapshot_bytes=CLEF_FLASH_SNAPSHOT_BYTES,
+        fp32_stack_bytes=fp32,
+        memory_budget_gib=(float(budget["factor"]) * fp32) / 2**30 + float(budget["overhead_gib"])
+        if budget and fp32
+        else None,
+    )
 
 
 def interpolated(points: dict[int, float], size: int) -> float:
@@ -497,7 +670,7 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> DefaultPipeli
     graphs = len(lengths) + len(pairs)
     measured_graphs = len(measured_lengths) + len(measured["pairs"])
 
-    def at(base: str, size: int) -> dict:
+    def at(base: str, size: int) -> dict[str, float]:
         found = by_base[base]
         keys = [k for k in ("seconds", "peak_anon_gib", "accelerator_seconds") if all(k in f for f in found.values())]
         return {k: interpolated({n: f[k] for n, f in found.items()}, size) for k in keys}
@@ -583,6 +756,19 @@ def machine() -> Machine:
     return Machine(cpu=cpu, cores=os.cpu_count(), memory_bytes=mem, torch=torch.__version__)
 
 
+@dataclasses.dataclass(frozen=True)
+class Bench(NestedRecord):
+    """results/bench.json: the machine, both workspaces, the real-width graph's efficiency, and clef-flash's
+    needs extrapolated from them."""
+
+    machine: Machine
+    measured_utc: str
+    tiny: Workspace
+    real_width: Workspace
+    efficiency: Efficiency
+    clef_flash: ClefFlash
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--real-width", type=Path, default=layout.REAL_WIDTH)
@@ -600,19 +786,20 @@ def main() -> None:
         target_fraction=TARGET_FRACTION_OF_PEAK,
         meets_target=ratio >= TARGET_FRACTION_OF_PEAK,
     )
-    doc = {
-        "machine": machine().to_json(),
-        "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "tiny": tiny,
-        "real_width": real,
-        "efficiency": efficiency.to_json(),
-        "clef_flash": extrapolate(tiny, real),
-    }
-    run = default_pipeline(doc["clef_flash"], real["params"], tiny["params"])
-    doc["clef_flash"]["default_pipeline"] = run.to_json()
-    atomic.write_json(layout.BENCH, doc)
-    if doc["clef_flash"]["without_tiny_run"]:
-        print(f"bench: {UNEXTRAPOLATED} ({len(doc['clef_flash']['without_tiny_run'])} stages)")
+    measured_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    clef = extrapolate(tiny.to_json(), real.to_json())
+    run = default_pipeline(clef.to_json(), real.params, tiny.params)
+    doc = Bench(
+        machine=machine(),
+        measured_utc=measured_utc,
+        tiny=tiny,
+        real_width=real,
+        efficiency=efficiency,
+        clef_flash=dataclasses.replace(clef, default_pipeline=run),
+    )
+    atomic.write_json(layout.BENCH, doc.to_json())
+    if clef.without_tiny_run:
+        print(f"bench: {UNEXTRAPOLATED} ({len(clef.without_tiny_run)} stages)")
     print(
         f"bench: fp32 matmul peak {peak.gflops:.1f} GFLOP/s (torch.mm {PEAK_N}^2, {peak.threads} threads); "
         f"real-width row graph L=64 ({rate.bytes / 2**30:.2f} GiB) {rate.median_s:.2f} s, "

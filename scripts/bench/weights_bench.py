@@ -23,6 +23,7 @@ chosen (docs/release.md, "Weights").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import statistics
 import tempfile
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 
 from scripts.bench import report
+from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import bundle_check, compare, gpu_check, quantization_effect, tflite_check
 from scripts.layers import kernel_form
@@ -41,6 +43,7 @@ from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import Stopwatch, median_seconds, stack_fp32_bytes
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
@@ -56,7 +59,26 @@ def variant_name(precision: str, scheme: str) -> str:
     return precision if scheme == "weight_only" else f"{precision}_{scheme}"
 
 
-def gpu_figures(path: Path, records: dict, expected: dict) -> dict:
+@dataclasses.dataclass(frozen=True)
+class GpuTake(Record):
+    """What the GPU accelerator made of a graph in one mode: the refusal in its words, or compiled and
+    whether whole; then either run (its worst error against torch, the median seconds of a run) or compiled
+    section by section and not run (`run` False, the sections, the seconds compiling them)."""
+
+    compiled: bool
+    refused: str | None = optional()
+    run: bool | None = optional()
+    fully_accelerated: bool | None = optional()
+    max_rel_vs_torch: float | None = optional()
+    max_rel_per_position_vs_torch: float | None = optional()
+    median_s: float | None = optional()
+    sections: int | None = optional()
+    compile_s: float | None = optional()
+
+
+def gpu_figures(
+    path: Path, records: dict[str, tuple[int, dict[str, torch.Tensor]]], expected: dict[str, torch.Tensor]
+) -> dict[str, GpuTake]:
     """Each GPU mode on the graph: compiled alone, the worst error against torch over the records and the
     median seconds of a run; or the accelerator's refusal, in its words."""
     out = {}
@@ -65,7 +87,7 @@ def gpu_figures(path: Path, records: dict, expected: dict) -> dict:
         try:
             compiled = gpu_accelerator.compile(path, mode, census)
         except ClefError as e:
-            out[mode] = {"compiled": False, "refused": str(e).split(": ", 1)[-1]}
+            out[mode] = GpuTake(compiled=False, refused=str(e).split(": ", 1)[-1])
             continue
         try:
             run = compiled.signature(export.DEFAULT_SIGNATURE)
@@ -74,19 +96,19 @@ def gpu_figures(path: Path, records: dict, expected: dict) -> dict:
                 for kind, (n, inputs) in records.items()
             ]
             timed = records[tflite_check.REFERENCE_KIND][1]
-            out[mode] = {
-                "compiled": True,
-                "fully_accelerated": compiled.fully_accelerated,
-                "max_rel_vs_torch": compare.worst(rows, "rel_vs_torch"),
-                "max_rel_per_position_vs_torch": compare.worst(rows, "rel_per_position_vs_torch"),
-                "median_s": median_seconds(lambda run=run, timed=timed: run(**timed), GPU_REPEATS),
-            }
+            out[mode] = GpuTake(
+                compiled=True,
+                fully_accelerated=compiled.fully_accelerated,
+                max_rel_vs_torch=compare.worst(rows, "rel_vs_torch"),
+                max_rel_per_position_vs_torch=compare.worst(rows, "rel_per_position_vs_torch"),
+                median_s=median_seconds(lambda run=run, timed=timed: run(**timed), GPU_REPEATS),
+            )
         finally:
             compiled.close()
     return out
 
 
-def gpu_compiled(path: Path, max_bytes: int, census: dict) -> dict:
+def gpu_compiled(path: Path, max_bytes: int, census: dict) -> dict[str, GpuTake]:
     """Each GPU mode compiling the graph for the accelerator alone, section by section
     (scripts/litert/sections.py, as verify_gpu cuts it), none of it run: whether every section is fully
     accelerated, or the refusal in the accelerator's words. Where a software GPU would take hours to run
@@ -101,21 +123,87 @@ def gpu_compiled(path: Path, max_bytes: int, census: dict) -> dict:
                 for part in parts:
                     run.compile(part).close()
             except ClefError as e:
-                out[mode] = {"compiled": False, "refused": str(e).split(": ", 1)[-1]}
+                out[mode] = GpuTake(compiled=False, refused=str(e).split(": ", 1)[-1])
                 continue
-            out[mode] = {
-                "compiled": True,
-                "run": False,
-                "fully_accelerated": run.fully_accelerated,
-                "sections": len(parts),
-                "compile_s": clock.seconds(),
-            }
+            out[mode] = GpuTake(
+                compiled=True,
+                run=False,
+                fully_accelerated=run.fully_accelerated,
+                sections=len(parts),
+                compile_s=clock.seconds(),
+            )
     finally:
         graph.close()
     return out
 
 
-def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, truths: dict, base: dict, **how) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Conversion(Record):
+    """The graph against the torch model with the same stored weights: the worst record, and each record's
+    compare.figures."""
+
+    max_rel_vs_torch: float
+    max_rel_per_position_vs_torch: float
+    rows: list[dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizationEffect(Record):
+    """The graph against stock float64 with the checkpoint's weights: quantization_effect.summary's worst
+    figures over the records, and each record's quantization_effect.row."""
+
+    max_rel_vs_unquantized_f64: float
+    max_rel_per_position_vs_unquantized_f64: float
+    min_top1_agreement: float
+    min_top5_agreement: float
+    max_mean_kl: float
+    rows: list[dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class VsFp32Graph(Record):
+    """The graph against the fp32-stored graph's outputs: what the storage alone changes."""
+
+    max_rel: float
+    max_rel_per_position: float
+    rows: list[dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSpeed(Record):
+    """LiteRT's CPU accelerator and torch eager on one record: medians, the fp32 graph timed right after,
+    and the graph's matmul rate against this machine's fp32 peak."""
+
+    litert_median_s: float
+    fp32_adjacent_median_s: float
+    torch_median_s: float
+    torch_over_litert: float
+    matmul_gflops: float
+    fraction_of_peak: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant(NestedRecord):
+    """One weights variant of the row graph: how its weights were stored, its size, conversion error, the
+    quantization's effect, what storage alone changes (None for fp32 itself), CPU speed, the GPU's take."""
+
+    weights: str
+    scheme: str
+    bytes: int
+    stored: dict
+    applied: dict
+    convert_seconds: float
+    census: dict
+    conversion: Conversion
+    quantization_effect: QuantizationEffect
+    vs_fp32_graph: VsFp32Graph | None
+    cpu: CpuSpeed
+    gpu: dict[str, GpuTake]
+
+
+def measure(
+    ws: Path, snap: Path, form: str, variant: tuple[str, str], records: dict, truths: dict, base: dict, **how
+) -> Variant:
     """One variant: convert, store, and measure (module doc); `base` holds the fp32 graph once that variant
     has run ({} before): its outputs, and its runner, timed again right after each variant so that the
     speed ratio is of two medians taken under the same load on the machine."""
@@ -148,53 +236,65 @@ def measure(ws: Path, snap: Path, form: str, variant: tuple, records: dict, trut
         {"record": kind, **compare.figures("vs_fp32_graph", outputs[kind], want)}
         for kind, want in (base.get("outputs") or {}).items()
     ]
-    row = {
-        "weights": precision,
-        "scheme": scheme,
-        "bytes": path.stat().st_size,
-        "stored": stored.as_dict(),
-        "applied": info["weights"].as_dict(),
-        "convert_seconds": convert_s,
-        "census": {k: v for k, v in census.items() if k in ("op_total", "ops", "dtypes")},
-        "conversion": {
-            "max_rel_vs_torch": compare.worst(conversion, "rel_vs_torch"),
-            "max_rel_per_position_vs_torch": compare.worst(conversion, "rel_per_position_vs_torch"),
-            "rows": conversion,
-        },
-        "quantization_effect": {**quantization_effect.summary(effect), "rows": effect},
-        "vs_fp32_graph": {
-            "max_rel": compare.worst(storage_alone, "rel_vs_fp32_graph"),
-            "max_rel_per_position": compare.worst(storage_alone, "rel_per_position_vs_fp32_graph"),
-            "rows": storage_alone,
-        }
+    row = Variant(
+        weights=precision,
+        scheme=scheme,
+        bytes=path.stat().st_size,
+        stored=stored.as_dict(),
+        applied=info["weights"].as_dict(),
+        convert_seconds=convert_s,
+        census={k: v for k, v in census.items() if k in ("op_total", "ops", "dtypes")},
+        conversion=Conversion(
+            max_rel_vs_torch=compare.worst(conversion, "rel_vs_torch"),
+            max_rel_per_position_vs_torch=compare.worst(conversion, "rel_per_position_vs_torch"),
+            rows=conversion,
+        ),
+        quantization_effect=QuantizationEffect(**quantization_effect.summary(effect), rows=effect),
+        vs_fp32_graph=VsFp32Graph(
+            max_rel=compare.worst(storage_alone, "rel_vs_fp32_graph"),
+            max_rel_per_position=compare.worst(storage_alone, "rel_per_position_vs_fp32_graph"),
+            rows=storage_alone,
+        )
         if base
         else None,
-        "cpu": {
-            "litert_median_s": litert_s,
-            "fp32_adjacent_median_s": fp32_s,  # the fp32 graph, timed right after
-            "torch_median_s": torch_s,
-            "torch_over_litert": torch_s / litert_s,
-            "matmul_gflops": flops / litert_s / 1e9,
-            "fraction_of_peak": flops / litert_s / 1e9 / peak.gflops,
-        },
-        "gpu": gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
-    }
+        cpu=CpuSpeed(
+            litert_median_s=litert_s,
+            fp32_adjacent_median_s=fp32_s,  # the fp32 graph, timed right after
+            torch_median_s=torch_s,
+            torch_over_litert=torch_s / litert_s,
+            matmul_gflops=flops / litert_s / 1e9,
+            fraction_of_peak=flops / litert_s / 1e9 / peak.gflops,
+        ),
+        gpu=gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
+    )
     if not base and precision == "fp32":
         base.update(outputs=outputs, graph=lite, runner=runner)  # closed by main, after every variant
     else:
         lite.close()
     path.unlink()
     print(
-        f"weights-bench {variant_name(*variant)}: {row['bytes']} bytes, conversion error "
-        f"{compare.shown(row['conversion']['max_rel_vs_torch'])}, top-1 agreement "
-        f"{row['quantization_effect']['min_top1_agreement']:.3f}, LiteRT CPU {litert_s * 1e3:.1f} ms "
-        f"({row['cpu']['fraction_of_peak']:.2f} of peak)",
+        f"weights-bench {variant_name(*variant)}: {row.bytes} bytes, conversion error "
+        f"{compare.shown(row.conversion.max_rel_vs_torch)}, top-1 agreement "
+        f"{row.quantization_effect.min_top1_agreement:.3f}, LiteRT CPU {litert_s * 1e3:.1f} ms "
+        f"({row.cpu.fraction_of_peak:.2f} of peak)",
         flush=True,
     )
     return row
 
 
-def other_precision(snap: Path, form: str, ws: Path, p: dict, host: Host, scratch: Path) -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class ReferenceRecords(Record):
+    """Every graph the workspace releases at the other of fp32 / fp16, on its reference record beside the
+    workspace's file: per graph its bytes at both and bundle_check.difference, and the largest difference."""
+
+    workspace_weights: str
+    converted_at: str
+    what: str
+    rows: list[dict]
+    max_rel: float
+
+
+def other_precision(snap: Path, form: str, ws: Path, p: dict, host: Host, scratch: Path) -> ReferenceRecords | None:
     """Every graph the workspace releases converted at the other of fp32 / fp16 and run on its reference
     record beside the workspace's file: identical outputs or the difference, per graph."""
     have = p["weights"]
@@ -226,14 +326,45 @@ def other_precision(snap: Path, form: str, ws: Path, p: dict, host: Host, scratc
         path.unlink()
     del model
     gc.collect()
-    return {
-        "workspace_weights": have,
-        "converted_at": other,
-        "what": "every graph's reference record through its fp16-stored and fp32-stored files, CPU accelerator; "
+    return ReferenceRecords(
+        workspace_weights=have,
+        converted_at=other,
+        what="every graph's reference record through its fp16-stored and fp32-stored files, CPU accelerator; "
         "max_rel: the fp16 file's outputs against the fp32 file's (compare.rel)",
-        "rows": rows,
-        "max_rel": compare.worst(rows, "max_rel"),
-    }
+        rows=rows,
+        max_rel=compare.worst(rows, "max_rel"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DerivedBundle(Record):
+    """The workspace's bundle at each precision, derived from the graphs' bytes (not built)."""
+
+    workspace_bundle_bytes: int
+    workspace_weights: str
+    what: str
+    bytes: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsBench(NestedRecord):
+    """<workspace>/results/weights.json: every weights variant of the L=64 row graph side by side, and every
+    released graph at the other of fp32 / fp16."""
+
+    workspace: str
+    source: str
+    form: str
+    L: int
+    records: dict[str, int]
+    measured_utc: str
+    machine: report.Machine
+    matmul_peak: report.MatmulPeak
+    variants: dict[str, Variant]
+    bytes_over_fp32: dict[str, float]
+    litert_speedup_over_fp32: dict[str, float]
+    bundle: DerivedBundle | None
+    reference_records: ReferenceRecords | None
+    seconds: float
 
 
 def main() -> None:
@@ -274,46 +405,42 @@ def main() -> None:
         others = None if a.skip_reference_records else other_precision(snap, form, ws, p, host, scratch)
     bundle_record = ws / layout.result_path("bundle")
     bundle = layout.read_record(bundle_record, "bundle") if bundle_record.is_file() else None
-    fp32_bytes = rows["fp32"]["bytes"]
+    fp32_bytes = rows["fp32"].bytes
     derived = None
     if bundle is not None:
-        have = rows[variant_name(p["weights"], "weight_only")]["bytes"]
-        derived = {
-            "workspace_bundle_bytes": bundle["sharing"]["bytes"],
-            "workspace_weights": p["weights"],
-            "what": "the workspace's bundle less what one graph's weights save at each precision (the bundle "
+        have = rows[variant_name(p["weights"], "weight_only")].bytes
+        derived = DerivedBundle(
+            workspace_bundle_bytes=bundle["sharing"]["bytes"],
+            workspace_weights=p["weights"],
+            what="the workspace's bundle less what one graph's weights save at each precision (the bundle "
             "stores one copy of the weights): derived, not built",
-            "bytes": {name: bundle["sharing"]["bytes"] - have + r["bytes"] for name, r in rows.items()},
-        }
-    doc = {
-        "workspace": str(ws),
-        "source": p["model"]["source"],
-        "form": form,
-        "L": BENCH_L,
-        "records": {kind: n for kind, (n, _) in records.items()},
-        "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": report.machine().to_json(),
-        "matmul_peak": peak.to_json(),
-        "variants": rows,
-        "bytes_over_fp32": {name: r["bytes"] / fp32_bytes for name, r in rows.items()},
-        "litert_speedup_over_fp32": {
-            name: r["cpu"]["fp32_adjacent_median_s"] / r["cpu"]["litert_median_s"] for name, r in rows.items()
+            bytes={name: bundle["sharing"]["bytes"] - have + r.bytes for name, r in rows.items()},
+        )
+    doc = WeightsBench(
+        workspace=str(ws),
+        source=p["model"]["source"],
+        form=form,
+        L=BENCH_L,
+        records={kind: n for kind, (n, _) in records.items()},
+        measured_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        machine=report.machine(),
+        matmul_peak=peak,
+        variants=rows,
+        bytes_over_fp32={name: r.bytes / fp32_bytes for name, r in rows.items()},
+        litert_speedup_over_fp32={
+            name: r.cpu.fp32_adjacent_median_s / r.cpu.litert_median_s for name, r in rows.items()
         },
-        "bundle": derived,
-        "reference_records": others,
-        "seconds": clock.seconds(),
-    }
-    atomic.write_json(ws / layout.result_path(RESULT), doc)
+        bundle=derived,
+        reference_records=others,
+        seconds=clock.seconds(),
+    )
+    atomic.write_json(ws / layout.result_path(RESULT), doc.to_json())
     print(
         "weights-bench: bytes over fp32 "
-        + ", ".join(f"{k} {v:.3f}" for k, v in doc["bytes_over_fp32"].items())
+        + ", ".join(f"{k} {v:.3f}" for k, v in doc.bytes_over_fp32.items())
         + "; LiteRT CPU speedup over fp32 "
-        + ", ".join(f"{k} {v:.2f}x" for k, v in doc["litert_speedup_over_fp32"].items())
-        + (
-            f"; fp16 vs fp32 files on every reference record: max rel {compare.shown(others['max_rel'])}"
-            if others
-            else ""
-        )
+        + ", ".join(f"{k} {v:.2f}x" for k, v in doc.litert_speedup_over_fp32.items())
+        + (f"; fp16 vs fp32 files on every reference record: max rel {compare.shown(others.max_rel)}" if others else "")
         + f" -> {ws / layout.result_path(RESULT)}"
     )
 
