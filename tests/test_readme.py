@@ -129,7 +129,8 @@ def workspace(tmp_path):
         atomic.write_json(tmp_path / layout.gpu_result_path(name), record)
     atomic.write_json(tmp_path / layout.result_path("bundle"), BUNDLE_RECORD)
     atomic.write_json(
-        tmp_path / layout.RELEASE / "manifest.json", {"git": {"commit": "abcdef0123456789", "clean": True, "changed": []}}
+        tmp_path / layout.RELEASE / "manifest.json",
+        {"git": {"commit": "abcdef0123456789", "clean": True, "changed": []}},
     )
     return tmp_path
 

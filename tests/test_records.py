@@ -50,18 +50,36 @@ def test_a_record_that_is_not_an_object_is_refused():
         Inner.from_json([1], "x")
 
 
+# records inside a list or a mapping are read back as records, each refusal naming where it sits
+
+
 @dataclasses.dataclass(frozen=True)
-class Many(Record):
-    rows: list[Inner]
-    by_name: dict[str, Inner]
+class Leaf(Record):
+    x: int
 
 
-def test_lists_and_maps_of_records_are_read_as_records_and_name_where_one_is_short():
-    doc = {"rows": [{"max_rel": 1.0}], "by_name": {"a": {"max_rel": 2.0}}}
-    assert Many.from_json(doc, "m.json") == Many([Inner(1.0)], {"a": Inner(2.0)})
-    assert Many.from_json(doc, "m.json").to_json() == {
-        "rows": [{"max_rel": 1.0, "curve": []}],
-        "by_name": {"a": {"max_rel": 2.0, "curve": []}},
-    }
-    with pytest.raises(ClefError, match=r"m.json: rows\[1\]: no `max_rel`"):
-        Many.from_json({"rows": [{"max_rel": 1.0}, {}], "by_name": {}}, "m.json")
+@dataclasses.dataclass(frozen=True)
+class Tree(Record):
+    name: str
+    leaves: list[Leaf]
+    by_mode: dict[str, Leaf | None]
+    maybe: dict[str, Leaf] | None
+    plain: dict[str, int]
+
+
+DOC = {"name": "t", "leaves": [{"x": 1}], "by_mode": {"a": {"x": 2}, "b": None}, "maybe": None, "plain": {"k": 3}}
+
+
+def test_elements_are_records_and_the_json_comes_back_unchanged():
+    tree = Tree.from_json(DOC, "t.json")
+    assert tree.leaves == [Leaf(1)] and tree.by_mode == {"a": Leaf(2), "b": None}
+    assert tree.maybe is None and tree.plain == {"k": 3}
+    assert tree.to_json() == DOC
+    assert Tree.from_json({**DOC, "maybe": {"c": {"x": 4}}}, "t.json").maybe == {"c": Leaf(4)}
+
+
+def test_an_element_missing_a_field_is_refused_where_it_sits():
+    with pytest.raises(ClefError, match=r"t.json: leaves\[0\]: no `x` in the Leaf record"):
+        Tree.from_json({**DOC, "leaves": [{}]}, "t.json")
+    with pytest.raises(ClefError, match=r"t.json: by_mode\[a\]: no `x` in the Leaf record"):
+        Tree.from_json({**DOC, "by_mode": {"a": {}}}, "t.json")

@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.litert import export, gpu_accelerator, tflite_file
@@ -284,7 +283,7 @@ def gpu_rows(
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate(NestedRecord):
+class Candidate(Record):
     """One row of the table: a graph's census, the converted module's own error in fp32 torch (where there is
     one), what the GPU accelerator took per mode and how it ran, and the CPU control."""
 
@@ -445,7 +444,7 @@ class BenchInput(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Reference(NestedRecord):
+class Reference(Record):
     """What each level's float64 reference and fp16 floor are, and the floor's figures per level."""
 
     row: str
@@ -455,7 +454,7 @@ class Reference(NestedRecord):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuBench(NestedRecord):
+class GpuBench(Record):
     """results/gpu_bench.json: the candidates on the GPU accelerator, and what they ran against and where."""
 
     revision: str

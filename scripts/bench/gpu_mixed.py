@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 from ai_edge_litert.tools import flatbuffer_utils
 
-from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, gpu_check, tflite_check
 from scripts.layers import kernel_form
@@ -111,7 +110,7 @@ class SpreadRow(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Spread(NestedRecord):
+class Spread(Record):
     """One record kind's rows, how far its floor moves, and each half mode's median ratio to the floor."""
 
     real_tokens: int
@@ -180,13 +179,13 @@ class TracedPiece(PartFigures):
 
 
 @dataclasses.dataclass(frozen=True)
-class LargestPart(NestedRecord):
+class LargestPart(Record):
     part: str
     pieces: list[TracedPiece]
 
 
 @dataclasses.dataclass(frozen=True)
-class Trace(NestedRecord):
+class Trace(Record):
     """The first decoder layer part by part on one record kind, then its largest part piece by piece."""
 
     record: str
@@ -272,7 +271,7 @@ def op_count(path: Path) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuMixed(NestedRecord):
+class GpuMixed(Record):
     """results/gpu_mixed.json: the spread per record kind and the trace of the first decoder layer."""
 
     what: str

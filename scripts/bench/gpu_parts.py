@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.layers import gated_delta, kernel_form
@@ -203,7 +202,7 @@ class MixShares(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class PartFigures(NestedRecord):
+class PartFigures(Record):
     """One part: what its inputs are, and per output (named by the part) its OutputFigures, beside
     `inputs` in the JSON; the GatedDeltaNet layer adds how much of its error the projections carry."""
 
@@ -816,7 +815,7 @@ class Fix(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuParts(NestedRecord):
+class GpuParts(Record):
     """results/gpu_parts.json: the parts, the fix's exactness, the one-op graphs and the whole graphs before
     and after the fix, on the adapter named."""
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check, tflite_check
 from scripts.litert import tflite_file
@@ -247,7 +246,7 @@ class WorstOverFloor(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuFigures(NestedRecord):
+class GpuFigures(Record):
     """verify_gpu's figures of a workspace: per record (results/gpu/<name>.json), and the worst per half mode."""
 
     gpu: dict[str, GraphGpu]
@@ -367,7 +366,7 @@ class VariantGpu(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class VariantFigures(NestedRecord):
+class VariantFigures(Record):
     """One weights variant as the bench carries it: bytes, conversion error, effect on decisions, CPU speed
     and the GPU's take per mode (None where the weights bench has none)."""
 
@@ -384,7 +383,7 @@ class VariantFigures(NestedRecord):
 
 
 @dataclasses.dataclass(frozen=True)
-class WeightsFigures(NestedRecord):
+class WeightsFigures(Record):
     """The weights bench's record as the bench carries it: per variant its figures, the ratios to fp32, the
     derived bundle's bytes and the fp16-vs-fp32 files' largest difference (None where not measured)."""
 
@@ -438,7 +437,7 @@ def weights_figures(ws: Path) -> WeightsFigures | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Workspace(NestedRecord):
+class Workspace(Record):
     """One workspace's run as the bench carries it: sizes, the bundle's and the weights bench's figures, each
     stage's time and memory, latency per L, verify_gpu's figures (`gpu`, `gpu_worst`), the stages that did
     not finish (failed, or skipped after a failure) and the params that shape the run."""
@@ -533,7 +532,7 @@ class StageNeeds(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class ClefFlash(NestedRecord):
+class ClefFlash(Record):
     """clef-flash's needs extrapolated from the two runs (extrapolate), and the default params' pipeline on
     it (default_pipeline, set once the needs are known); memory_budget_gib where the tiny run's params
     have a memory budget."""
@@ -757,7 +756,7 @@ def machine() -> Machine:
 
 
 @dataclasses.dataclass(frozen=True)
-class Bench(NestedRecord):
+class Bench(Record):
     """results/bench.json: the machine, both workspaces, the real-width graph's efficiency, and clef-flash's
     needs extrapolated from them."""
 

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from scripts.bench import report
-from scripts.bench.nested_records import NestedRecord
 from scripts.checkpoint import snapshot
 from scripts.checks import bundle_check, compare, gpu_check, quantization_effect, tflite_check
 from scripts.layers import kernel_form
@@ -183,7 +182,7 @@ class CpuSpeed(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant(NestedRecord):
+class Variant(Record):
     """One weights variant of the row graph: how its weights were stored, its size, conversion error, the
     quantization's effect, what storage alone changes (None for fp32 itself), CPU speed, the GPU's take."""
 
@@ -347,7 +346,7 @@ class DerivedBundle(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class WeightsBench(NestedRecord):
+class WeightsBench(Record):
     """<workspace>/results/weights.json: every weights variant of the L=64 row graph side by side, and every
     released graph at the other of fp32 / fp16."""
 

@@ -57,19 +57,28 @@ def _record_type(hint: Any) -> type[Record] | None:
     return None
 
 
+def _without_none(hint: Any) -> Any:
+    """`X | None` -> X; anything else as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0] if len(args) == 1 else hint
+    return hint
+
+
 def _read_value(hint: Any, value: Any, where: str) -> Any:
-    """A field's JSON value as its annotation says: a record, a list of records, a {key: record} map,
-    or the value itself."""
+    """A field's JSON value as its annotation says: a record, a list of records, a {key: record} map
+    (each possibly None), or the value itself."""
     if value is None:
         return None
     nested = _record_type(hint)
     if nested is not None:
         return nested.from_json(value, where)
+    hint = _without_none(hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is list and args and _record_type(args[0]) and isinstance(value, list):
-        return [args[0].from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict and len(args) == 2 and _record_type(args[1]) and isinstance(value, dict):
-        return {k: args[1].from_json(v, f"{where}[{k}]") for k, v in value.items()}
+    if origin is list and args and (element := _record_type(args[0])) and isinstance(value, list):
+        return [v if v is None else element.from_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict and len(args) == 2 and (element := _record_type(args[1])) and isinstance(value, dict):
+        return {k: v if v is None else element.from_json(v, f"{where}[{k}]") for k, v in value.items()}
     return value
 
 
