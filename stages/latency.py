@@ -19,22 +19,15 @@ def main() -> None:
     for g in graphs:
         for signature in g.signatures:
             t = litert_benchmark.run(g.path, signature, runs, warmup, threads)
-            rows.append({"graph": g.name, "kind": g.kind, **g.shape, **t.to_json()})
+            rows.append(litert_benchmark.LatencyRow(**t.__dict__, graph=g.name, kind=g.kind, **g.shape))
             print(
                 f"latency {g.name} {signature}: median {t.median_ms:.3g} ms (p5 {t.p5_ms:.3g}, "
                 f"p95 {t.p95_ms:.3g}; {t.num_runs} runs, {threads} threads)",
                 flush=True,
             )
-    doc = {
-        "tool": litert_benchmark.TOOL,
-        "ai_edge_litert": provenance.package_versions().get("ai-edge-litert"),
-        "accelerator": "cpu",
-        "runs": runs,
-        "warmup_runs": warmup,
-        "threads": threads,
-        "rows": rows,
-    }
-    atomic.write_json(layout.result_path("latency"), doc)
+    version = provenance.package_versions().get("ai-edge-litert")
+    doc = litert_benchmark.LatencyReport(litert_benchmark.TOOL, version, "cpu", runs, warmup, threads, rows)
+    atomic.write_json(layout.result_path("latency"), doc.to_json())
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.records import Record
+from scripts.pipeline.records import Record, optional
 
 TOOL = "litert-benchmark"
 
@@ -41,6 +41,30 @@ class SignatureTiming(Record):
 
 
 FIGURES = tuple(f.name for f in dataclasses.fields(SignatureTiming))[3:]  # the tool's `latency` section
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyRow(SignatureTiming):
+    """One row of results/latency.json: a signature's timing, and the graph it belongs to."""
+
+    graph: str
+    kind: str  # row or pair
+    L: int | None = optional()
+    P: int | None = optional()
+    S: int | None = optional()
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyReport(Record):
+    """results/latency.json, the latency stage's record: how the tool ran, and every signature's row."""
+
+    tool: str
+    ai_edge_litert: str | None
+    accelerator: str
+    runs: int
+    warmup_runs: int
+    threads: int
+    rows: list[LatencyRow]
 
 
 def tool() -> str:

@@ -20,6 +20,7 @@ import os
 import re
 from pathlib import Path
 
+from scripts.bench.litert_benchmark import LatencyReport
 from scripts.pipeline import atomic, layout, pictures, provenance
 from scripts.pipeline.errors import ClefError, run_command
 
@@ -586,30 +587,30 @@ def weights_table(doc: dict) -> str:
 WEIGHTS_TABLES = {"weights": weights_table}  # from results/weights.json (make weights-bench)
 
 
-def read_latency(root: Path) -> dict:
+def read_latency(root: Path) -> LatencyReport:
     path = root / layout.result_path("latency")
     if not path.is_file():
         raise ClefError(f"no {path}: run `dvc repro latency` first")
-    return json.loads(path.read_text())
+    return LatencyReport.read(path)
 
 
-def latency_table(doc: dict) -> str:
+def latency_table(doc: LatencyReport) -> str:
     """Every signature's time from LiteRT's litert-benchmark (stages/latency.py): median and percentiles."""
     line = (
-        f"`{doc['tool']}` (ai-edge-litert {doc['ai_edge_litert']}) on this machine's CPU accelerator, "
-        f"{doc['threads']} threads, {doc['runs']} timed runs after {doc['warmup_runs']} warm-up; "
+        f"`{doc.tool}` (ai-edge-litert {doc.ai_edge_litert}) on this machine's CPU accelerator, "
+        f"{doc.threads} threads, {doc.runs} timed runs after {doc.warmup_runs} warm-up; "
         "`results/latency.json` from the `latency` stage of the same `dvc repro`, rendered by `make readme`."
     )
     body = [
         [
-            label(r["graph"], r),
-            f"`{r['signature']}`",
-            f"{r['median_ms']:.3g}",
-            f"{r['p5_ms']:.3g} / {r['p95_ms']:.3g}",
-            f"{r['init_ms']:.3g}",
-            "yes" if r["fully_accelerated"] else "no",
+            label(r.graph, r.to_json()),
+            f"`{r.signature}`",
+            f"{r.median_ms:.3g}",
+            f"{r.p5_ms:.3g} / {r.p95_ms:.3g}",
+            f"{r.init_ms:.3g}",
+            "yes" if r.fully_accelerated else "no",
         ]
-        for r in doc["rows"]
+        for r in doc.rows
     ]
     header = ["graph", "signature", "median ms", "p5 / p95 ms", "load ms", "every op on the accelerator"]
     return f"{line}\n\n{table(header, body)}"
