@@ -4,12 +4,14 @@ real positions, and latency as a ratio measured in the same run (medians, torch 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from scripts.checks import records
 from scripts.pipeline.measure import timed_runs
+from scripts.pipeline.records import Record, optional
 
 
 def interpreter(path, threads: int | None = None):
@@ -89,16 +91,37 @@ def litert_times(runner, inputs: dict, repeats: int, budget_seconds: float | Non
     return timed_runs(lambda: runner(**feeds), repeats, budget_seconds)
 
 
-def latency(litert: list[float], torch_: list[float], repeats: int, budget_seconds: float | None = None) -> dict:
+@dataclass(frozen=True)
+class TimedRuns(Record):
+    """How many runs each side of a latency measurement timed."""
+
+    litert: int
+    torch: int
+
+
+@dataclass(frozen=True)
+class Latency(Record):
+    """A graph's latency against the torch row graph (results/tflite_L{L}.json `latency`): the two
+    medians, their ratio, the runs asked for and timed, and the time budget when one was set."""
+
+    litert_median_s: float
+    torch_median_s: float
+    torch_over_litert: float
+    repeats: int
+    timed_runs: TimedRuns
+    budget_seconds: float | None = optional()
+
+
+def latency(litert: list[float], torch_: list[float], repeats: int, budget_seconds: float | None = None) -> Latency:
     """The two medians of the timed runs, measured in one process one after the other (torch first,
     then the stack is freed and the interpreter loads: the two never share memory), their ratio, and
     how many runs each side timed (`repeats` at most; fewer once `budget_seconds` were spent)."""
     litert_s, torch_s = statistics.median(litert), statistics.median(torch_)
-    return {
-        "litert_median_s": litert_s,
-        "torch_median_s": torch_s,
-        "torch_over_litert": torch_s / litert_s,
-        "repeats": repeats,
-        "timed_runs": {"litert": len(litert), "torch": len(torch_)},
-        **({"budget_seconds": budget_seconds} if budget_seconds is not None else {}),
-    }
+    return Latency(
+        litert_median_s=litert_s,
+        torch_median_s=torch_s,
+        torch_over_litert=torch_s / litert_s,
+        repeats=repeats,
+        timed_runs=TimedRuns(litert=len(litert), torch=len(torch_)),
+        budget_seconds=budget_seconds,
+    )
