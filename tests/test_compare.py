@@ -183,7 +183,7 @@ def test_verify_kernel_fails_on_nan(nan_kernel, monkeypatch):
     monkeypatch.setattr(kernel_check, "LENGTHS", (130,))
     rows = kernel_check.check({"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}, [FORM])
     summary = kernel_check.summarize(rows, FORM, {"rel_vs_f64": 1e-5, "rel_per_position_vs_f64": 1e-4}, 100)
-    assert not summary["passed"] and any("rel_vs_f64 is inf" in ln for ln in summary["failures"]), summary["failures"]
+    assert not summary.passed and any("rel_vs_f64 is inf" in ln for ln in summary.failures), summary.failures
 
 
 def test_verify_layers_fails_on_nan(nan_kernel, tiny_snapshot):
