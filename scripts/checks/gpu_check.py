@@ -95,7 +95,7 @@ class StockReferences:
         return exact, half
 
 
-def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict:
+def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict[str, float | list[float]]:
     """A half mode's hidden states and the floor, both against float64, global and per position (the worst
     and each position's), and their ratios: over_floor (global) and over_floor_per_position (the worst
     positions' figures)."""
@@ -187,7 +187,9 @@ class ModeRun:
 # the compiled graph (after the stack is freed), so the weights are never in memory twice.
 
 
-def row_references(model, host: Host, stock: StockReferences, records: dict) -> dict:
+def row_references(
+    model, host: Host, stock: StockReferences, records: dict[str, tuple[int, dict[str, torch.Tensor]]]
+) -> dict[str, dict[str, torch.Tensor]]:
     """records: {kind: (n, inputs)} -> {kind: the torch row graph's hidden, stock float64 and float16
     hidden, each [n, H]}."""
     length = next(iter(records.values()))[1]["valid"].shape[-1]
@@ -370,7 +372,7 @@ def mode_figures(rows: list[dict], mode: str, over_floor: float, held: list[str]
     return figs
 
 
-def position_curves(rows: list[dict]) -> dict | None:
+def position_curves(rows: list[dict]) -> dict[str, str | list[float]] | None:
     """Each mode's error at every position of one record, for the pictures (scripts/pipeline/pictures.py):
     the shape of the graph's reference record (a row's right-padded record; a pair's chaining of the
     longest suffix after the shared prefix). -> {"record": its name, "<mode>_vs_torch": fp32's figures,

@@ -22,7 +22,7 @@ TOP = 5
 VOCAB_BLOCK = 16384
 
 
-def truths(model, records: dict) -> dict:
+def truths(model, records: dict[str, tuple[int, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
     """{kind: float64 hidden [n, H]} of stock transformers on each record's real positions, with the
     weights `model` holds now (call before weight_precision.apply changes them)."""
     twin = patch.stock_twin(model)

@@ -91,7 +91,7 @@ def verify(
         # the release packages the padded record (two thirds of L real); `clef verify` reruns it wherever it lands
         padded = records[tflite_check.REFERENCE_KIND][1]
         references.save(
-            references.row_reference(padded, expected[tflite_check.REFERENCE_KIND]["hidden"]),
+            references.row_reference(padded, expected[tflite_check.REFERENCE_KIND].hidden),
             layout.reference_path(path),
         )
         phase("torch timing")
