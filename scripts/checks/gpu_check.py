@@ -122,12 +122,23 @@ def finite(outputs: dict) -> bool:
 LIMITS = ("max_rel_fp32", "max_rel_per_position_fp32", "fp16_max_over_floor")
 
 
-def limits(section) -> dict:
-    """params.yaml `verify_gpu` -> {max_rel_fp32, max_rel_per_position_fp32, fp16_max_over_floor}, each a
-    positive number, and held_to_floor: the half modes whose ratio to the floor fails the stage."""
+@dataclass(frozen=True)
+class GpuBounds:
+    """params.yaml `verify_gpu`'s bounds: fp32's against the torch graph (global and per position), a half
+    mode's ratio to the torch float16 floor, and the half modes that ratio fails the stage for."""
+
+    max_rel_fp32: float
+    max_rel_per_position_fp32: float
+    fp16_max_over_floor: float
+    held_to_floor: tuple[str, ...] = ()
+
+
+def limits(section) -> GpuBounds:
+    """params.yaml `verify_gpu` -> its GpuBounds, each bound a positive number and held_to_floor a
+    subset of the half modes."""
     bounds = params.positive_numbers(section, LIMITS, "verify_gpu")
     held = section.get("held_to_floor", []) if isinstance(section, dict) else []
-    return {**bounds, "held_to_floor": list(params.subset_of(*HALF_MODES)(held, "verify_gpu.held_to_floor"))}
+    return GpuBounds(**bounds, held_to_floor=tuple(params.subset_of(*HALF_MODES)(held, "verify_gpu.held_to_floor")))
 
 
 def section_bytes(section, fp32_stack_bytes: int, tokens: int) -> int:
@@ -395,16 +406,16 @@ def position_curves(rows: list[dict]) -> dict[str, str | list[float]] | None:
     return curves
 
 
-def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
+def summary(rows: list[dict], bounds: GpuBounds) -> tuple[dict, list[str]]:
     """Headline figures and the problems, one line each: not finite, fp32 over a bound (global or per
-    position), a half mode of bounds["held_to_floor"] over fp16_max_over_floor x the floor (global or
+    position), a half mode of bounds.held_to_floor over fp16_max_over_floor x the floor (global or
     per position). The other half modes' ratios are recorded against the same target. `modes` holds
     every mode's ModeFigures; the flat keys are fp32's and fp16's, as earlier records have them."""
-    over_floor, held = bounds["fp16_max_over_floor"], bounds.get("held_to_floor", [])
+    over_floor, held = bounds.fp16_max_over_floor, bounds.held_to_floor
     fp32 = [r for r in rows if r["mode"] == "fp32"]
     problems = compare.judge([r for r in rows if r["mode"] != "fp32" and r["mode"] not in held], {})
     problems += compare.judge(
-        fp32, {"rel_vs_torch": bounds["max_rel_fp32"], "rel_per_position_vs_torch": bounds["max_rel_per_position_fp32"]}
+        fp32, {"rel_vs_torch": bounds.max_rel_fp32, "rel_per_position_vs_torch": bounds.max_rel_per_position_fp32}
     )
     problems += compare.judge(
         [r for r in rows if r["mode"] in held], {"over_floor": over_floor, "over_floor_per_position": over_floor}
