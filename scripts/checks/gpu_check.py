@@ -237,7 +237,21 @@ def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
     return rows
 
 
-def signature_references(prefix_module, suffix_module, host: Host, P: int, S: int, ids, p: int) -> dict:
+Tensors = dict[str, torch.Tensor]  # a signature's named inputs or outputs
+
+
+@dataclass(frozen=True)
+class SignatureReferences:
+    """The signature check's torch side: the prefix's p real tokens (`ids`), and each signature's
+    inputs and torch outputs, the suffix's inputs holding the torch prefix's state."""
+
+    p: int
+    ids: list[int]
+    prefix: tuple[Tensors, Tensors]
+    suffix: tuple[Tensors, Tensors]
+
+
+def signature_references(prefix_module, suffix_module, host: Host, P: int, S: int, ids, p: int) -> SignatureReferences:
     """Each signature's inputs and torch outputs: the prefix on ids[:p], the suffix on ids[p:p+S] fed the
     torch prefix's state."""
     prefix_in = host.record(ids[:p], P)
@@ -247,7 +261,7 @@ def signature_references(prefix_module, suffix_module, host: Host, P: int, S: in
     suffix_in = {**host.record(ids[p : p + S], S, start=p), **state}
     with torch.no_grad():
         ref_suffix = dict(suffix_module(**suffix_in))
-    return {"p": p, "ids": list(ids[:p]), "prefix": (prefix_in, ref_prefix), "suffix": (suffix_in, ref_suffix)}
+    return SignatureReferences(p, list(ids[:p]), (prefix_in, ref_prefix), (suffix_in, ref_suffix))
 
 
 def chaining_references(model, host: Host, stock: StockReferences, P: int, S: int, tokens: dict) -> list[dict]:
@@ -283,7 +297,14 @@ def _signature_row(mode: str, name: str, p: int, outs: dict, ref: dict) -> dict:
 
 
 def pair_rows(
-    runs: dict, host: Host, signature: dict, chaining: list[dict], P: int, S: int, form: str, state_shapes: dict
+    runs: dict,
+    host: Host,
+    signature: SignatureReferences,
+    chaining: list[dict],
+    P: int,
+    S: int,
+    form: str,
+    state_shapes: dict,
 ) -> list[dict]:
     """Per mode, two batches on the GPU: every distinct prefix, then one suffix per prefix.
     - signature (signature_references): each signature alone vs torch, the suffix fed torch's state;
@@ -299,7 +320,7 @@ def pair_rows(
     for ref in chaining:
         if len(ref["ids"]) > len(longest.get(ref["p"], ())):
             longest[ref["p"]] = ref["ids"]
-    prefix_feeds = {tuple(signature["ids"]): signature["prefix"][0]}
+    prefix_feeds = {tuple(signature.ids): signature.prefix[0]}
     for p, ids in longest.items():
         prefix_feeds.setdefault(tuple(ids[:p]), None)
     keys = list(prefix_feeds)
@@ -309,14 +330,14 @@ def pair_rows(
     for mode, run in runs.items():
         feeds = [prefix_feeds[k] if prefix_feeds[k] is not None else pair.prefix_inputs(list(k)) for k in keys]
         prefixes = dict(zip(keys, run("prefix", feeds), strict=True))
-        first = prefixes[tuple(signature["ids"])]
-        rows.append(_signature_row(mode, "prefix", signature["p"], first, signature["prefix"][1]))
+        first = prefixes[tuple(signature.ids)]
+        rows.append(_signature_row(mode, "prefix", signature.p, first, signature.prefix[1]))
         states = {p: pair.prefix_result(dict(prefixes[tuple(ids[:p])]), p) for p, ids in longest.items()}
         *suffixes, alone = run(
             "suffix",
-            [*(pair.suffix_inputs(states[p][1], ids[p:]) for p, ids in longest.items()), signature["suffix"][0]],
+            [*(pair.suffix_inputs(states[p][1], ids[p:]) for p, ids in longest.items()), signature.suffix[0]],
         )
-        rows.append(_signature_row(mode, "suffix", signature["p"], alone, signature["suffix"][1]))
+        rows.append(_signature_row(mode, "suffix", signature.p, alone, signature.suffix[1]))
         suffixes = dict(zip(longest, suffixes, strict=True))
         for ref in chaining:
             (prefix_hidden, state), outs = states[ref["p"]], suffixes[ref["p"]]
