@@ -460,7 +460,7 @@ def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_p
     assert {(r["p"], r["s"]) for r in chained} == {(p, s) for p in prefixes for s in suffixes}
     assert all(r["finite"] for r in chained) and max(r["rel_vs_torch"] for r in chained) < 1e-5, chained
     # a short suffix whose tokens are not the head of the long one's cannot be read off its run
-    chaining[0]["ids"] = chaining[0]["ids"][:-1] + [chaining[0]["ids"][-1] + 1]
+    chaining[0] = dataclasses.replace(chaining[0], ids=chaining[0].ids[:-1] + [chaining[0].ids[-1] + 1])
     with pytest.raises(ValueError, match="not the head of its longest suffix"):
         gpu_check.pair_rows({"fp32": torch_run}, host, signature, chaining, P, S, "R64+sp+ec+dd+vs6", shapes)
 

@@ -198,11 +198,30 @@ class ModeRun:
 # the compiled graph (after the stack is freed), so the weights are never in memory twice.
 
 
+@dataclass(frozen=True)
+class HiddenReferences:
+    """A record's hidden states [n, H] that a GPU mode's are held against: the torch graph's (fp32's
+    reference), stock float64's (the half modes') and stock float16's (their floor)."""
+
+    graph: torch.Tensor
+    exact: torch.Tensor
+    half: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ChainingReferences(HiddenReferences):
+    """HiddenReferences at the suffix positions of one chaining: prefix length p, suffix length s,
+    and the p + s token ids."""
+
+    p: int
+    s: int
+    ids: list[int]
+
+
 def row_references(
     model, host: Host, stock: StockReferences, records: dict[str, tuple[int, dict[str, torch.Tensor]]]
-) -> dict[str, dict[str, torch.Tensor]]:
-    """records: {kind: (n, inputs)} -> {kind: the torch row graph's hidden, stock float64 and float16
-    hidden, each [n, H]}."""
+) -> dict[str, HiddenReferences]:
+    """records: {kind: (n, inputs)} -> {kind: its HiddenReferences}."""
     length = next(iter(records.values()))[1]["valid"].shape[-1]
     graph = ClefRowPrefill(model, length).eval()
     out = {}
@@ -210,11 +229,11 @@ def row_references(
         with torch.no_grad():
             ref = graph(**inputs)["hidden"][0, :n]
         exact, half = stock.hidden(inputs["embeds"][:, :n])
-        out[kind] = {"torch": ref, "exact": exact, "half": half}
+        out[kind] = HiddenReferences(ref, exact, half)
     return out
 
 
-def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
+def row_rows(runs: dict, references: dict[str, HiddenReferences], records: dict) -> list[dict]:
     """One row per record and mode (`references` from row_references); runs: {mode: run(signature,
     feeds) -> outputs per feed}, e.g. a ModeRun."""
     rows = []
@@ -229,10 +248,10 @@ def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
                 "record": kind,
                 "n_real": n,
                 "finite": finite(outs),
-                **compare.figures("vs_torch", out, ref["torch"], curve=True),
+                **compare.figures("vs_torch", out, ref.graph, curve=True),
             }
             if mode in HALF_MODES:
-                row.update(half_figures(out, ref["exact"], ref["half"]))
+                row.update(half_figures(out, ref.exact, ref.half))
             rows.append(row)
     return rows
 
@@ -264,7 +283,9 @@ def signature_references(prefix_module, suffix_module, host: Host, P: int, S: in
     return SignatureReferences(p, list(ids[:p]), (prefix_in, ref_prefix), (suffix_in, ref_suffix))
 
 
-def chaining_references(model, host: Host, stock: StockReferences, P: int, S: int, tokens: dict) -> list[dict]:
+def chaining_references(
+    model, host: Host, stock: StockReferences, P: int, S: int, tokens: dict[int, list[int]]
+) -> list[ChainingReferences]:
     """tokens: {p: p + S token ids} for each prefix length p -> for each p and s, the tokens
     tokens[p][:p + s] and, at the suffix positions, the row graph's hidden (torch), stock float64 and
     float16. Both suffixes of a p share its prefix, so the GPU runs each prefix once."""
@@ -278,7 +299,7 @@ def chaining_references(model, host: Host, stock: StockReferences, P: int, S: in
             with torch.no_grad():
                 ref = row(**full)["hidden"][0, p : p + s]
             exact, half = stock.hidden(full["embeds"][:, : p + s])
-            out.append({"p": p, "s": s, "ids": ids, "torch": ref, "exact": exact[p:], "half": half[p:]})
+            out.append(ChainingReferences(ref, exact[p:], half[p:], p=p, s=s, ids=ids))
     return out
 
 
@@ -300,7 +321,7 @@ def pair_rows(
     runs: dict,
     host: Host,
     signature: SignatureReferences,
-    chaining: list[dict],
+    chaining: list[ChainingReferences],
     P: int,
     S: int,
     form: str,
@@ -318,15 +339,15 @@ def pair_rows(
     pair = PairRunner(host, None, None, P, S, form, state_shapes)
     longest = {}  # p -> the ids of its longest chaining suffix
     for ref in chaining:
-        if len(ref["ids"]) > len(longest.get(ref["p"], ())):
-            longest[ref["p"]] = ref["ids"]
+        if len(ref.ids) > len(longest.get(ref.p, ())):
+            longest[ref.p] = ref.ids
     prefix_feeds = {tuple(signature.ids): signature.prefix[0]}
     for p, ids in longest.items():
         prefix_feeds.setdefault(tuple(ids[:p]), None)
     keys = list(prefix_feeds)
     for ref in chaining:
-        if list(longest[ref["p"]][: len(ref["ids"])]) != list(ref["ids"]):
-            raise ValueError(f"chaining tokens for p={ref['p']}, s={ref['s']} are not the head of its longest suffix's")
+        if list(longest[ref.p][: len(ref.ids)]) != list(ref.ids):
+            raise ValueError(f"chaining tokens for p={ref.p}, s={ref.s} are not the head of its longest suffix's")
     for mode, run in runs.items():
         feeds = [prefix_feeds[k] if prefix_feeds[k] is not None else pair.prefix_inputs(list(k)) for k in keys]
         prefixes = dict(zip(keys, run("prefix", feeds), strict=True))
@@ -340,8 +361,8 @@ def pair_rows(
         rows.append(_signature_row(mode, "suffix", signature.p, alone, signature.suffix[1]))
         suffixes = dict(zip(longest, suffixes, strict=True))
         for ref in chaining:
-            (prefix_hidden, state), outs = states[ref["p"]], suffixes[ref["p"]]
-            p, s = ref["p"], ref["s"]
+            (prefix_hidden, state), outs = states[ref.p], suffixes[ref.p]
+            p, s = ref.p, ref.s
             out = outs["hidden"][0, :s]
             r = {
                 "mode": mode,
@@ -351,10 +372,10 @@ def pair_rows(
                 "prefix_padded": p < P,
                 "finite": bool(torch.isfinite(out).all() and torch.isfinite(prefix_hidden).all())
                 and finite(state.tensors),
-                **compare.figures("vs_torch", out, ref["torch"], curve=True),
+                **compare.figures("vs_torch", out, ref.graph, curve=True),
             }
             if mode in HALF_MODES:
-                r.update(half_figures(out, ref["exact"], ref["half"]))
+                r.update(half_figures(out, ref.exact, ref.half))
             rows.append(r)
     return rows
 
