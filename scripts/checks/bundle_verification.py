@@ -46,7 +46,7 @@ def preflight(graphs: list[bundle_check.Graph], rec: SnapshotRecord, form: str, 
     return metas
 
 
-def metadata(rec: SnapshotRecord, form: str, weights: str, metas: dict[str, dict]) -> dict:
+def metadata(rec: SnapshotRecord, form: str, weights: str, metas: dict[str, dict]) -> dict[str, str | dict[str, dict]]:
     """The bundle's own metadata: its model, form and weights, and each graph's (preflight)."""
     return {
         "kind": "bundle",
@@ -223,7 +223,7 @@ def verify(
     )
 
 
-def metrics_row(doc: BundleRecord) -> dict:
+def metrics_row(doc: BundleRecord) -> dict[str, float | int | bool | None]:
     """The bundle's metrics row (results/metrics/bundle.json): its worst difference, held to 0."""
     return dict(
         passed=doc.passed,

@@ -112,7 +112,7 @@ def finite(*xs) -> bool:
     return all(bool(torch.isfinite(x).all()) for x in xs)
 
 
-def form_figures(out, state, out_ref, state_ref, what: str) -> dict:
+def form_figures(out, state, out_ref, state_ref, what: str) -> dict[str, float]:
     """The output (global and per position: positions are axis 1 of [B, L, H, Dv]) and the state
     (global: it has no positions) of one kernel run against a reference."""
     return {

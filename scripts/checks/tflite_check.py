@@ -67,7 +67,7 @@ def torch_reference(graph, inputs: Inputs, n: int, form) -> TorchReference:
     return TorchReference(hidden, memory_cut)
 
 
-def record_row(kind: str, n: int, lite: torch.Tensor, reference: TorchReference) -> dict:
+def record_row(kind: str, n: int, lite: torch.Tensor, reference: TorchReference) -> dict[str, str | int | float | bool]:
     """One record's row: the interpreter's hidden [1, L, H] vs the torch row graph's at the n real
     positions (scripts/checks/compare.py), and the memory-cut control where it applies: the same file
     against the torch graph with the fault (torch_reference)."""
