@@ -15,18 +15,18 @@ def main() -> None:
     doc = kernel_check.bench(
         form, int(b["heads"]), int(b["head_dim"]), [int(x) for x in b["lengths"]], int(b["repeats"])
     )
-    atomic.write_json(layout.result_path("kernel_bench"), doc)
-    top = max(doc["rows"], key=lambda r: r["L"])
+    atomic.write_json(layout.result_path("kernel_bench"), doc.to_json())
+    top = max(doc.rows, key=lambda r: r.L)
     metrics.write(
         "kernel_bench",
-        L=top["L"],
-        eager_time_stock_over_form=top["speedup_stock_over_form"],
-        export_nodes_stock_over_form=top["export_nodes_stock"] / top["export_nodes_form"],
+        L=top.L,
+        eager_time_stock_over_form=top.speedup_stock_over_form,
+        export_nodes_stock_over_form=top.export_nodes_stock / top.export_nodes_form,
     )
-    for r in doc["rows"]:
+    for r in doc.rows:
         print(
-            f"kernel_bench L={r['L']}: stock/form time {r['speedup_stock_over_form']:.2f}x, "
-            f"export nodes {r['export_nodes_stock']} -> {r['export_nodes_form']}"
+            f"kernel_bench L={r.L}: stock/form time {r.speedup_stock_over_form:.2f}x, "
+            f"export nodes {r.export_nodes_stock} -> {r.export_nodes_form}"
         )
 
 

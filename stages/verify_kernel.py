@@ -29,29 +29,28 @@ def main() -> None:
     }
     rows = kernel_check.check(heads, forms, control_form=form)
     summary = kernel_check.summarize(rows, form, limits, min_over)
-    worst = summary["max_rel_vs_f64"][form]
-    control = summary["control_memory_cut"]
+    worst, control, fp16 = summary.max_rel_vs_f64[form], summary.control_memory_cut, summary.fp16[form]
     figures = dict(
-        max_rel=worst["out"],
-        max_rel_per_position=worst["out_per_position"],
-        max_rel_state=worst["state"],
+        max_rel=worst.out,
+        max_rel_per_position=worst.out_per_position,
+        max_rel_state=worst.state,
         threshold=limits["rel_vs_f64"],
         threshold_per_position=limits["rel_per_position_vs_f64"],
-        control_over_threshold=control["over_threshold"],
-        fp16_max_rel=summary["fp16"][form]["max_out_rel_vs_f64"],
-        fp16_finite=summary["fp16"][form]["all_finite"],
+        control_over_threshold=control.over_threshold,
+        fp16_max_rel=fp16.max_out_rel_vs_f64,
+        fp16_finite=fp16.all_finite,
     )
     line = (
-        f"verify_kernel: {form} max rel vs float64 out {worst['out']:.2e} "
-        f"(per position {worst['out_per_position']:.2e}) "
-        f"state {worst['state']:.2e} (bounds {limits['rel_vs_f64']:g}, {limits['rel_per_position_vs_f64']:g}); fp16 "
-        f"finite: {summary['fp16'][form]['all_finite']}; memory-cut control {compare.shown(control['rel_vs_f64'])} "
-        f"({compare.shown(control['over_threshold'])}x the bound)"
+        f"verify_kernel: {form} max rel vs float64 out {worst.out:.2e} "
+        f"(per position {worst.out_per_position:.2e}) "
+        f"state {worst.state:.2e} (bounds {limits['rel_vs_f64']:g}, {limits['rel_per_position_vs_f64']:g}); fp16 "
+        f"finite: {fp16.all_finite}; memory-cut control {compare.shown(control.rel_vs_f64)} "
+        f"({compare.shown(control.over_threshold)}x the bound)"
     )
-    record = {"heads": heads, "revision": rec.revision, "summary": summary, "rows": rows}
+    record = kernel_check.KernelRecord(heads, rec.revision, summary, rows)
     finish(
         CheckResult(
-            "verify_kernel", "kernel", record, layout.result_path("kernel"), figures, [line], summary["failures"]
+            "verify_kernel", "kernel", record.to_json(), layout.result_path("kernel"), figures, [line], summary.failures
         )
     )
 

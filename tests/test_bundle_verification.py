@@ -4,7 +4,7 @@ the record's keys in the order it has always had them, its metrics row held to 0
 from __future__ import annotations
 
 from scripts.checks import bundle_check, bundle_verification
-from scripts.checks.bundle_verification import BundleRecord
+from scripts.checks.bundle_verification import BundleRecord, IdentityRow
 
 KEYS = [
     "file",
@@ -34,6 +34,38 @@ def test_the_gpu_runs_the_bundle_only_where_verify_gpu_runs_whole_graphs_it_take
     assert bundle_verification.gpu_not_checked_why("fp16", "block", "tiny").startswith("verify_gpu.layers resolves")
 
 
+def identity(accelerator: str, max_rel: float, **gpu) -> IdentityRow:
+    figures = {"rel_vs_expected": 1e-6, "rel_per_position_vs_expected": 2e-6, "per_position_vs_expected": [2e-6]}
+    return IdentityRow(
+        graph="row_L8", accelerator=accelerator, **gpu, **figures, identical=not max_rel, max_rel=max_rel, outputs=1
+    )
+
+
+def test_an_identity_row_holds_the_gpu_figures_and_the_why_only_where_they_exist():
+    """results/bundle.json `identity`: a CPU row without the GPU's keys, a GPU row with them, in the order
+    the rows have always had, and read back as written."""
+    cpu = identity("cpu", 0.0).to_json()
+    assert list(cpu) == [
+        "graph",
+        "accelerator",
+        "rel_vs_expected",
+        "rel_per_position_vs_expected",
+        "per_position_vs_expected",
+        "identical",
+        "max_rel",
+        "outputs",
+    ]
+    gpu = identity("gpu fp16", 0.0, fully_accelerated=False, adapter="soft").to_json()
+    assert list(gpu)[:4] == ["graph", "accelerator", "fully_accelerated", "adapter"]
+    differ = IdentityRow.from_json(
+        {**cpu, "identical": False, "max_rel": float("inf"), "why": "different outputs"}, "x"
+    )
+    assert differ.to_json()["why"] == "different outputs"
+    assert IdentityRow.from_json(gpu, "identity[0]") == identity(
+        "gpu fp16", 0.0, fully_accelerated=False, adapter="soft"
+    )
+
+
 def test_the_record_keeps_its_keys_its_metrics_row_and_its_line():
     sharing = {"bytes": 300, "constant_bytes": 100, "part_constant_bytes": 250}
     doc = BundleRecord(
@@ -47,7 +79,7 @@ def test_the_record_keeps_its_keys_its_metrics_row_and_its_line():
         1.5,
         1.1,
         {"buffers": 0, "bytes": 0},
-        [{"graph": "row_L8", "max_rel": 0.0, "identical": True}, {"graph": "row_L8", "max_rel": 1e-3}],
+        [identity("cpu", 0.0), identity("gpu fp16", 1e-3, fully_accelerated=True, adapter="soft")],
         False,
         "why",
         {},

@@ -183,7 +183,7 @@ def test_verify_kernel_fails_on_nan(nan_kernel, monkeypatch):
     monkeypatch.setattr(kernel_check, "LENGTHS", (130,))
     rows = kernel_check.check({"k": 2, "v": 4, "k_dim": 32, "v_dim": 32}, [FORM])
     summary = kernel_check.summarize(rows, FORM, {"rel_vs_f64": 1e-5, "rel_per_position_vs_f64": 1e-4}, 100)
-    assert not summary["passed"] and any("rel_vs_f64 is inf" in ln for ln in summary["failures"]), summary["failures"]
+    assert not summary.passed and any("rel_vs_f64 is inf" in ln for ln in summary.failures), summary.failures
 
 
 def test_verify_layers_fails_on_nan(nan_kernel, tiny_snapshot):
@@ -256,9 +256,7 @@ def test_verify_gpu_fails_on_nan(patched):
     records = {"full": (64, host.record(list(range(10, 74)), 64))}
     refs = gpu_check.row_references(model, host, gpu_check.StockReferences(model), records)
     rows = gpu_check.row_rows({"fp32": poisoned_run(graph), "fp16": poisoned_run(graph)}, refs, records)
-    _, problems = gpu_check.summary(
-        rows, {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}
-    )
+    _, problems = gpu_check.summary(rows, gpu_check.GpuBounds(1e-4, 1e-4, 2.0))
     assert "mode=fp32, record=full: rel_vs_torch is inf (NaN or inf in the output)" in problems, problems
     assert "mode=fp16, record=full: an output is not finite" in problems, problems
 

@@ -72,7 +72,17 @@ def test_causality_cannot_see_the_pad_guard(tiny_snapshot):
     model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     with model_change.changed(model, pad_guard=False):
         row = model_check.causality(model, Host(tiny_snapshot), 64, model.config.vocab_size, seed=0)
-    assert row["rel_causality"] == 0.0
+    assert row.rel_causality == 0.0
+    assert list(row.to_json()) == [  # results/model.json's causality row, as it has always been written
+        "check",
+        "L",
+        "n_real",
+        "rel_causality",
+        "rel_garbage_vs_zero_pads",
+        "rel_f64_no_pads_vs_zero_pads",
+        "fp32_rel_no_pads_vs_zero_pads",
+        "finite",
+    ]
 
 
 def test_zero_recurrent_keeps_everything_but_the_recurrent_state():

@@ -86,6 +86,22 @@ def test_tail_that_is_not_a_chunk_multiple():
     assert compare.rel(state, state_t) < 1e-5
 
 
+def test_kernel_bench_records_each_length_under_the_keys_it_always_had():
+    """results/kernel_bench.json: the bench's fields, then one row per length with both kernels' figures."""
+    doc = kernel_check.bench("R16+ec+dd", heads=2, head_dim=8, lengths=[8, 20], repeats=1).to_json()
+    assert list(doc) == ["form", "heads", "head_dim", "repeats", "torch_threads", "rows"]
+    assert [r["L"] for r in doc["rows"]] == [8, 20]
+    assert list(doc["rows"][0]) == [
+        "L",
+        "stock_median_s",
+        "form_median_s",
+        "speedup_stock_over_form",
+        "export_nodes_stock",
+        "export_nodes_form",
+    ]
+    assert kernel_check.KernelBench.from_json(doc, "kernel_bench.json").to_json() == doc
+
+
 def test_wrong_initial_state_shape_refused():
     q, k, v, g, beta, s0 = inputs("strong_decay", 64)
     with pytest.raises(ClefError, match=r"initial state of shape \[1, 4, 32, 16\] .* expected \[1, 4, 32, 32\]"):

@@ -5,6 +5,7 @@ line; the GPU checks fail on NaN, on an fp32 error over the bound, and on bad pa
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -459,12 +460,13 @@ def test_pair_rows_run_each_prefix_once_and_the_signature_prefix_is_a_chaining_p
     assert {(r["p"], r["s"]) for r in chained} == {(p, s) for p in prefixes for s in suffixes}
     assert all(r["finite"] for r in chained) and max(r["rel_vs_torch"] for r in chained) < 1e-5, chained
     # a short suffix whose tokens are not the head of the long one's cannot be read off its run
-    chaining[0]["ids"] = chaining[0]["ids"][:-1] + [chaining[0]["ids"][-1] + 1]
+    chaining[0] = dataclasses.replace(chaining[0], ids=chaining[0].ids[:-1] + [chaining[0].ids[-1] + 1])
     with pytest.raises(ValueError, match="not the head of its longest suffix"):
         gpu_check.pair_rows({"fp32": torch_run}, host, signature, chaining, P, S, "R64+sp+ec+dd+vs6", shapes)
 
 
-BOUNDS = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}
+SECTION = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0}
+BOUNDS = gpu_check.GpuBounds(**SECTION)
 
 
 def row(mode, rel_torch, finite=True, fp16=0.02, floor=0.01, per_position=None, half_per_position=None):
@@ -534,7 +536,7 @@ def test_a_mode_held_to_the_floor_fails_over_it_globally_or_per_position_and_the
     worst position, or NaN, is a problem; a mode not held (fp16 here, 10x over) is recorded with
     within_target false, not a failure."""
     base = [row("fp32", 1e-6), row("fp16", 1e-6, fp16=0.2)]
-    BOUNDS = {**globals()["BOUNDS"], "held_to_floor": ["mixed"]}
+    BOUNDS = dataclasses.replace(globals()["BOUNDS"], held_to_floor=("mixed",))
     doc, problems = gpu_check.summary([*base, row("mixed", 1e-6, fp16=0.015)], BOUNDS)
     assert doc["modes"]["mixed"]["enforced"] and not doc["modes"]["fp16"]["enforced"]
     assert problems == [] and doc["fp16_within_target"] is False and doc["modes"]["fp16"]["over_floor"] == 20
@@ -549,9 +551,9 @@ def test_a_mode_held_to_the_floor_fails_over_it_globally_or_per_position_and_the
 @pytest.mark.parametrize(
     "section, fragment",
     [
-        ({**BOUNDS, "max_rel_fp32": "x"}, "verify_gpu.max_rel_fp32 'x'"),
-        ({**BOUNDS, "max_rel_fp32": -1e-4}, "verify_gpu.max_rel_fp32 -0.0001"),
-        ({**BOUNDS, "fp16_max_over_floor": float("nan")}, "verify_gpu.fp16_max_over_floor nan"),
+        ({**SECTION, "max_rel_fp32": "x"}, "verify_gpu.max_rel_fp32 'x'"),
+        ({**SECTION, "max_rel_fp32": -1e-4}, "verify_gpu.max_rel_fp32 -0.0001"),
+        ({**SECTION, "fp16_max_over_floor": float("nan")}, "verify_gpu.fp16_max_over_floor nan"),
         ({"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4}, "verify_gpu.fp16_max_over_floor None"),
         ([1], "must be a mapping"),
     ],
@@ -560,6 +562,12 @@ def test_bad_gpu_params_refused(section, fragment):
     with pytest.raises(ClefError, match="params.yaml") as info:
         gpu_check.limits(section)
     assert fragment in str(info.value)
+
+
+def test_gpu_params_are_read_into_their_bounds():
+    assert gpu_check.limits(SECTION) == BOUNDS and BOUNDS.held_to_floor == ()
+    held = gpu_check.limits({**SECTION, "held_to_floor": ["mixed"]})
+    assert held == dataclasses.replace(BOUNDS, held_to_floor=("mixed",))
 
 
 def test_sections_shrink_with_the_tokens_a_run_takes():

@@ -13,7 +13,7 @@ from scripts.checks import gpu_check, gpu_verification
 from scripts.checks.gpu_verification import GpuFindings, GraphShape
 from scripts.pipeline.errors import ClefError
 
-BOUNDS = {"max_rel_fp32": 1e-4, "max_rel_per_position_fp32": 1e-4, "fp16_max_over_floor": 2.0, "held_to_floor": []}
+BOUNDS = gpu_check.GpuBounds(max_rel_fp32=1e-4, max_rel_per_position_fp32=1e-4, fp16_max_over_floor=2.0)
 ROW_KEYS = ["graph", "form", "weights", "kind", "L", "passed", "problems", "device", "fully_accelerated"]
 
 

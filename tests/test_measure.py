@@ -32,7 +32,7 @@ def test_a_latency_median_stops_after_three_calls_once_its_budget_is_spent(budge
     from scripts.checks import tflite_check
 
     record = tflite_check.latency(times, times[:1] + times, 7, budget)
-    assert record["timed_runs"] == {"litert": timed, "torch": timed + 1} and record["repeats"] == 7
+    assert record.timed_runs == tflite_check.TimedRuns(litert=timed, torch=timed + 1) and record.repeats == 7
 
 
 def test_anon_peak_sees_a_transient_allocation():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scripts.checks import tflite_verification
+from scripts.checks import tflite_check, tflite_verification
 from scripts.checks.tflite_verification import TfliteFindings
 from scripts.layers.weight_precision import Applied
 from scripts.release.references import ReferenceFigures
@@ -13,7 +13,7 @@ from scripts.release.references import ReferenceFigures
 LIMITS = {"rel_vs_torch": 1e-4, "rel_per_position_vs_torch": 1e-4}
 CENSUS = {"op_total": 10, "max_rank": 4, "ops_per_gdn_layer": {"0": 5, "1": 6}}
 EFFECT = [{"rel_vs_unquantized_f64": 1e-3, "top1_agreement": 1.0, "top5_agreement": 1.0, "mean_kl": 0.0}]
-TIMING = {"litert_median_s": 0.002, "torch_median_s": 0.004, "torch_over_litert": 2.0}
+TIMING = tflite_check.latency([0.002], [0.004], 1)
 KEYS = [
     "L",
     "form",
@@ -57,6 +57,20 @@ def test_a_passing_graph_keeps_the_records_keys_and_figures(tmp_path):
     assert result.record["control_memory_cut"]["over_threshold"] == 1.0 / 1e-4
     assert result.figures["ops_per_gdn_layer"] == 6 and result.figures["litert_ms"] == 2.0
     assert result.record_path == Path("results/tflite_L8.json")
+
+
+def test_the_latency_record_holds_a_budget_only_when_one_was_set():
+    """results/tflite_L{L}.json `latency`: the keys the dict had, `budget_seconds` only when set."""
+    assert TIMING.to_json() == {
+        "litert_median_s": 0.002,
+        "torch_median_s": 0.004,
+        "torch_over_litert": 2.0,
+        "repeats": 1,
+        "timed_runs": {"litert": 1, "torch": 1},
+    }
+    budgeted = tflite_check.latency([0.002, 0.003], [0.004], 5, 30.0).to_json()
+    assert budgeted["budget_seconds"] == 30.0 and budgeted["timed_runs"] == {"litert": 2, "torch": 1}
+    assert tflite_check.Latency.from_json(budgeted, "latency") == tflite_check.latency([0.002, 0.003], [0.004], 5, 30.0)
 
 
 def test_no_memory_cut_record_is_recorded_as_not_applying(tmp_path):

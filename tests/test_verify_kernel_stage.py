@@ -6,6 +6,7 @@ import json
 
 import yaml
 
+from scripts.checks import kernel_check
 from tests.conftest import assert_one_line_error, run_stage
 
 
@@ -25,6 +26,7 @@ def test_records_every_form_and_regime(workdir):
     proc = run_stage("verify_kernel", workdir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((workdir / "results" / "kernel.json").read_text())
+    assert kernel_check.KernelRecord.from_json(doc, "kernel.json").to_json() == doc  # the record is the whole file
     summary = doc["summary"]
     assert summary["passed"] and summary["all_finite"] and summary["head_pairs_identical"]
     assert set(summary["max_rel_vs_f64"]) == {"loop", "R64+ec+dd", "R64+sp+ec+dd+vs6"}

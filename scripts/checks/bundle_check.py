@@ -69,7 +69,7 @@ def run_record(signature, kind: str, record: dict) -> tuple[dict, dict]:
     return references.reference_error(capturing, kind, record), outputs
 
 
-def difference(bundle: dict, file: dict) -> dict:
+def difference(bundle: dict[str, torch.Tensor], file: dict[str, torch.Tensor]) -> dict[str, bool | float | int | str]:
     """The bundle's outputs against the file's: whether every one is bit-identical, and the largest
     relative difference (compare.rel: inf when the bundle's is not finite, NaN when the file's is not)."""
     if bundle.keys() != file.keys():

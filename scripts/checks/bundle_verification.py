@@ -23,7 +23,7 @@ from scripts.litert import bundle, gpu_accelerator, tflite_file
 from scripts.litert.cpu_graph import CpuGraph
 from scripts.pipeline import layout, params
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.records import Record
+from scripts.pipeline.records import Record, optional
 from scripts.release import references
 
 GPU_MODES = gpu_accelerator.MODES
@@ -46,7 +46,7 @@ def preflight(graphs: list[bundle_check.Graph], rec: SnapshotRecord, form: str, 
     return metas
 
 
-def metadata(rec: SnapshotRecord, form: str, weights: str, metas: dict[str, dict]) -> dict:
+def metadata(rec: SnapshotRecord, form: str, weights: str, metas: dict[str, dict]) -> dict[str, str | dict[str, dict]]:
     """The bundle's own metadata: its model, form and weights, and each graph's (preflight)."""
     return {
         "kind": "bundle",
@@ -74,7 +74,27 @@ def gpu_not_checked_why(weights: str, depth: str, source: str) -> str | None:
     return None
 
 
-def identity_cpu(path: Path, graphs: list[bundle_check.Graph]) -> list[dict]:
+@dataclass(frozen=True, kw_only=True)
+class IdentityRow(Record):
+    """One graph's reference record through the bundle against its own file on one accelerator
+    (results/bundle.json `identity`): the bundle's error against the record's expectation
+    (references.reference_error), then bundle_check.difference's figures; on the GPU, whether it ran
+    whole and on which adapter."""
+
+    graph: str
+    accelerator: str
+    fully_accelerated: bool | None = optional()
+    adapter: str | None = optional()
+    rel_vs_expected: float
+    rel_per_position_vs_expected: float
+    per_position_vs_expected: list[float]
+    identical: bool
+    max_rel: float
+    outputs: int
+    why: str | None = optional()
+
+
+def identity_cpu(path: Path, graphs: list[bundle_check.Graph]) -> list[IdentityRow]:
     """Each graph's reference record through the bundle and through its own file on the CPU accelerator."""
     rows, whole = [], CpuGraph(path)
     try:
@@ -88,14 +108,16 @@ def identity_cpu(path: Path, graphs: list[bundle_check.Graph]) -> list[dict]:
             figures, got = bundle_check.run_record(
                 references.renamed(references.interpreter_signature(whole), g.signatures), g.kind, record
             )
-            rows.append({"graph": g.name, "accelerator": "cpu", **figures, **bundle_check.difference(got, expected)})
-            print(f"bundle: {g.name} on the CPU: identical {rows[-1]['identical']}", flush=True)
+            rows.append(
+                IdentityRow(graph=g.name, accelerator="cpu", **figures, **bundle_check.difference(got, expected))
+            )
+            print(f"bundle: {g.name} on the CPU: identical {rows[-1].identical}", flush=True)
     finally:
         whole.close()
     return rows
 
 
-def identity_gpu(path: Path, graphs: list[bundle_check.Graph], census: dict) -> list[dict]:
+def identity_gpu(path: Path, graphs: list[bundle_check.Graph], census: dict) -> list[IdentityRow]:
     """The same on the GPU accelerator alone, in each of its modes."""
     rows = []
     for mode in GPU_MODES:
@@ -112,16 +134,16 @@ def identity_gpu(path: Path, graphs: list[bundle_check.Graph], census: dict) -> 
                     references.renamed(whole.signature, g.signatures), g.kind, record
                 )
                 rows.append(
-                    {
-                        "graph": g.name,
-                        "accelerator": f"gpu {mode}",
-                        "fully_accelerated": whole.fully_accelerated,
-                        "adapter": whole.adapter,
+                    IdentityRow(
+                        graph=g.name,
+                        accelerator=f"gpu {mode}",
+                        fully_accelerated=whole.fully_accelerated,
+                        adapter=whole.adapter,
                         **figures,
                         **bundle_check.difference(got, expected),
-                    }
+                    )
                 )
-                print(f"bundle: {g.name} on the GPU ({mode}): identical {rows[-1]['identical']}", flush=True)
+                print(f"bundle: {g.name} on the GPU ({mode}): identical {rows[-1].identical}", flush=True)
         finally:
             whole.close()
     return rows
@@ -142,7 +164,7 @@ class BundleRecord(Record):
     bytes_over_graph: float
     bytes_goal_over_graph: float
     duplicate_constants: dict
-    identity: list[dict]
+    identity: list[IdentityRow]
     gpu_checked: bool
     gpu_not_checked_why: str | None
     memory: dict[str, bundle_check.MemoryAgainst]
@@ -169,15 +191,14 @@ def verify(
             "the weights are not shared"
         )
     problems += [
-        f"{r['graph']} on the {r['accelerator']}: outputs differ from its own file's "
-        f"(max rel {compare.shown(r['max_rel'])})"
+        f"{r.graph} on the {r.accelerator}: outputs differ from its own file's (max rel {compare.shown(r.max_rel)})"
         for r in rows
-        if not r["identical"]
+        if not r.identical
     ]
     problems += [
-        f"{r['graph']} on the {r['accelerator']}: not every op on the GPU accelerator"
+        f"{r.graph} on the {r.accelerator}: not every op on the GPU accelerator"
         for r in rows
-        if r.get("fully_accelerated") is False
+        if r.fully_accelerated is False
     ]
     accelerators = ("cpu", "gpu") if why is None else ("cpu",)
     return BundleRecord(
@@ -202,11 +223,11 @@ def verify(
     )
 
 
-def metrics_row(doc: BundleRecord) -> dict:
+def metrics_row(doc: BundleRecord) -> dict[str, float | int | bool | None]:
     """The bundle's metrics row (results/metrics/bundle.json): its worst difference, held to 0."""
     return dict(
         passed=doc.passed,
-        max_rel=max((r["max_rel"] for r in doc.identity), default=None),
+        max_rel=max((r.max_rel for r in doc.identity), default=None),
         threshold=0.0,
         bytes=doc.sharing["bytes"],
         op_total=doc.census["op_total"],

@@ -95,7 +95,7 @@ class StockReferences:
         return exact, half
 
 
-def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict:
+def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict[str, float | list[float]]:
     """A half mode's hidden states and the floor, both against float64, global and per position (the worst
     and each position's), and their ratios: over_floor (global) and over_floor_per_position (the worst
     positions' figures)."""
@@ -122,12 +122,23 @@ def finite(outputs: dict) -> bool:
 LIMITS = ("max_rel_fp32", "max_rel_per_position_fp32", "fp16_max_over_floor")
 
 
-def limits(section) -> dict:
-    """params.yaml `verify_gpu` -> {max_rel_fp32, max_rel_per_position_fp32, fp16_max_over_floor}, each a
-    positive number, and held_to_floor: the half modes whose ratio to the floor fails the stage."""
+@dataclass(frozen=True)
+class GpuBounds:
+    """params.yaml `verify_gpu`'s bounds: fp32's against the torch graph (global and per position), a half
+    mode's ratio to the torch float16 floor, and the half modes that ratio fails the stage for."""
+
+    max_rel_fp32: float
+    max_rel_per_position_fp32: float
+    fp16_max_over_floor: float
+    held_to_floor: tuple[str, ...] = ()
+
+
+def limits(section) -> GpuBounds:
+    """params.yaml `verify_gpu` -> its GpuBounds, each bound a positive number and held_to_floor a
+    subset of the half modes."""
     bounds = params.positive_numbers(section, LIMITS, "verify_gpu")
     held = section.get("held_to_floor", []) if isinstance(section, dict) else []
-    return {**bounds, "held_to_floor": list(params.subset_of(*HALF_MODES)(held, "verify_gpu.held_to_floor"))}
+    return GpuBounds(**bounds, held_to_floor=tuple(params.subset_of(*HALF_MODES)(held, "verify_gpu.held_to_floor")))
 
 
 def section_bytes(section, fp32_stack_bytes: int, tokens: int) -> int:
@@ -187,9 +198,30 @@ class ModeRun:
 # the compiled graph (after the stack is freed), so the weights are never in memory twice.
 
 
-def row_references(model, host: Host, stock: StockReferences, records: dict) -> dict:
-    """records: {kind: (n, inputs)} -> {kind: the torch row graph's hidden, stock float64 and float16
-    hidden, each [n, H]}."""
+@dataclass(frozen=True)
+class HiddenReferences:
+    """A record's hidden states [n, H] that a GPU mode's are held against: the torch graph's (fp32's
+    reference), stock float64's (the half modes') and stock float16's (their floor)."""
+
+    graph: torch.Tensor
+    exact: torch.Tensor
+    half: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ChainingReferences(HiddenReferences):
+    """HiddenReferences at the suffix positions of one chaining: prefix length p, suffix length s,
+    and the p + s token ids."""
+
+    p: int
+    s: int
+    ids: list[int]
+
+
+def row_references(
+    model, host: Host, stock: StockReferences, records: dict[str, tuple[int, dict[str, torch.Tensor]]]
+) -> dict[str, HiddenReferences]:
+    """records: {kind: (n, inputs)} -> {kind: its HiddenReferences}."""
     length = next(iter(records.values()))[1]["valid"].shape[-1]
     graph = ClefRowPrefill(model, length).eval()
     out = {}
@@ -197,11 +229,11 @@ def row_references(model, host: Host, stock: StockReferences, records: dict) -> 
         with torch.no_grad():
             ref = graph(**inputs)["hidden"][0, :n]
         exact, half = stock.hidden(inputs["embeds"][:, :n])
-        out[kind] = {"torch": ref, "exact": exact, "half": half}
+        out[kind] = HiddenReferences(ref, exact, half)
     return out
 
 
-def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
+def row_rows(runs: dict, references: dict[str, HiddenReferences], records: dict) -> list[dict]:
     """One row per record and mode (`references` from row_references); runs: {mode: run(signature,
     feeds) -> outputs per feed}, e.g. a ModeRun."""
     rows = []
@@ -216,15 +248,29 @@ def row_rows(runs: dict, references: dict, records: dict) -> list[dict]:
                 "record": kind,
                 "n_real": n,
                 "finite": finite(outs),
-                **compare.figures("vs_torch", out, ref["torch"], curve=True),
+                **compare.figures("vs_torch", out, ref.graph, curve=True),
             }
             if mode in HALF_MODES:
-                row.update(half_figures(out, ref["exact"], ref["half"]))
+                row.update(half_figures(out, ref.exact, ref.half))
             rows.append(row)
     return rows
 
 
-def signature_references(prefix_module, suffix_module, host: Host, P: int, S: int, ids, p: int) -> dict:
+Tensors = dict[str, torch.Tensor]  # a signature's named inputs or outputs
+
+
+@dataclass(frozen=True)
+class SignatureReferences:
+    """The signature check's torch side: the prefix's p real tokens (`ids`), and each signature's
+    inputs and torch outputs, the suffix's inputs holding the torch prefix's state."""
+
+    p: int
+    ids: list[int]
+    prefix: tuple[Tensors, Tensors]
+    suffix: tuple[Tensors, Tensors]
+
+
+def signature_references(prefix_module, suffix_module, host: Host, P: int, S: int, ids, p: int) -> SignatureReferences:
     """Each signature's inputs and torch outputs: the prefix on ids[:p], the suffix on ids[p:p+S] fed the
     torch prefix's state."""
     prefix_in = host.record(ids[:p], P)
@@ -234,10 +280,12 @@ def signature_references(prefix_module, suffix_module, host: Host, P: int, S: in
     suffix_in = {**host.record(ids[p : p + S], S, start=p), **state}
     with torch.no_grad():
         ref_suffix = dict(suffix_module(**suffix_in))
-    return {"p": p, "ids": list(ids[:p]), "prefix": (prefix_in, ref_prefix), "suffix": (suffix_in, ref_suffix)}
+    return SignatureReferences(p, list(ids[:p]), (prefix_in, ref_prefix), (suffix_in, ref_suffix))
 
 
-def chaining_references(model, host: Host, stock: StockReferences, P: int, S: int, tokens: dict) -> list[dict]:
+def chaining_references(
+    model, host: Host, stock: StockReferences, P: int, S: int, tokens: dict[int, list[int]]
+) -> list[ChainingReferences]:
     """tokens: {p: p + S token ids} for each prefix length p -> for each p and s, the tokens
     tokens[p][:p + s] and, at the suffix positions, the row graph's hidden (torch), stock float64 and
     float16. Both suffixes of a p share its prefix, so the GPU runs each prefix once."""
@@ -251,7 +299,7 @@ def chaining_references(model, host: Host, stock: StockReferences, P: int, S: in
             with torch.no_grad():
                 ref = row(**full)["hidden"][0, p : p + s]
             exact, half = stock.hidden(full["embeds"][:, : p + s])
-            out.append({"p": p, "s": s, "ids": ids, "torch": ref, "exact": exact[p:], "half": half[p:]})
+            out.append(ChainingReferences(ref, exact[p:], half[p:], p=p, s=s, ids=ids))
     return out
 
 
@@ -270,7 +318,14 @@ def _signature_row(mode: str, name: str, p: int, outs: dict, ref: dict) -> dict:
 
 
 def pair_rows(
-    runs: dict, host: Host, signature: dict, chaining: list[dict], P: int, S: int, form: str, state_shapes: dict
+    runs: dict,
+    host: Host,
+    signature: SignatureReferences,
+    chaining: list[ChainingReferences],
+    P: int,
+    S: int,
+    form: str,
+    state_shapes: dict,
 ) -> list[dict]:
     """Per mode, two batches on the GPU: every distinct prefix, then one suffix per prefix.
     - signature (signature_references): each signature alone vs torch, the suffix fed torch's state;
@@ -284,30 +339,30 @@ def pair_rows(
     pair = PairRunner(host, None, None, P, S, form, state_shapes)
     longest = {}  # p -> the ids of its longest chaining suffix
     for ref in chaining:
-        if len(ref["ids"]) > len(longest.get(ref["p"], ())):
-            longest[ref["p"]] = ref["ids"]
-    prefix_feeds = {tuple(signature["ids"]): signature["prefix"][0]}
+        if len(ref.ids) > len(longest.get(ref.p, ())):
+            longest[ref.p] = ref.ids
+    prefix_feeds = {tuple(signature.ids): signature.prefix[0]}
     for p, ids in longest.items():
         prefix_feeds.setdefault(tuple(ids[:p]), None)
     keys = list(prefix_feeds)
     for ref in chaining:
-        if list(longest[ref["p"]][: len(ref["ids"])]) != list(ref["ids"]):
-            raise ValueError(f"chaining tokens for p={ref['p']}, s={ref['s']} are not the head of its longest suffix's")
+        if list(longest[ref.p][: len(ref.ids)]) != list(ref.ids):
+            raise ValueError(f"chaining tokens for p={ref.p}, s={ref.s} are not the head of its longest suffix's")
     for mode, run in runs.items():
         feeds = [prefix_feeds[k] if prefix_feeds[k] is not None else pair.prefix_inputs(list(k)) for k in keys]
         prefixes = dict(zip(keys, run("prefix", feeds), strict=True))
-        first = prefixes[tuple(signature["ids"])]
-        rows.append(_signature_row(mode, "prefix", signature["p"], first, signature["prefix"][1]))
+        first = prefixes[tuple(signature.ids)]
+        rows.append(_signature_row(mode, "prefix", signature.p, first, signature.prefix[1]))
         states = {p: pair.prefix_result(dict(prefixes[tuple(ids[:p])]), p) for p, ids in longest.items()}
         *suffixes, alone = run(
             "suffix",
-            [*(pair.suffix_inputs(states[p][1], ids[p:]) for p, ids in longest.items()), signature["suffix"][0]],
+            [*(pair.suffix_inputs(states[p][1], ids[p:]) for p, ids in longest.items()), signature.suffix[0]],
         )
-        rows.append(_signature_row(mode, "suffix", signature["p"], alone, signature["suffix"][1]))
+        rows.append(_signature_row(mode, "suffix", signature.p, alone, signature.suffix[1]))
         suffixes = dict(zip(longest, suffixes, strict=True))
         for ref in chaining:
-            (prefix_hidden, state), outs = states[ref["p"]], suffixes[ref["p"]]
-            p, s = ref["p"], ref["s"]
+            (prefix_hidden, state), outs = states[ref.p], suffixes[ref.p]
+            p, s = ref.p, ref.s
             out = outs["hidden"][0, :s]
             r = {
                 "mode": mode,
@@ -317,10 +372,10 @@ def pair_rows(
                 "prefix_padded": p < P,
                 "finite": bool(torch.isfinite(out).all() and torch.isfinite(prefix_hidden).all())
                 and finite(state.tensors),
-                **compare.figures("vs_torch", out, ref["torch"], curve=True),
+                **compare.figures("vs_torch", out, ref.graph, curve=True),
             }
             if mode in HALF_MODES:
-                r.update(half_figures(out, ref["exact"], ref["half"]))
+                r.update(half_figures(out, ref.exact, ref.half))
             rows.append(r)
     return rows
 
@@ -370,7 +425,7 @@ def mode_figures(rows: list[dict], mode: str, over_floor: float, held: list[str]
     return figs
 
 
-def position_curves(rows: list[dict]) -> dict | None:
+def position_curves(rows: list[dict]) -> dict[str, str | list[float]] | None:
     """Each mode's error at every position of one record, for the pictures (scripts/pipeline/pictures.py):
     the shape of the graph's reference record (a row's right-padded record; a pair's chaining of the
     longest suffix after the shared prefix). -> {"record": its name, "<mode>_vs_torch": fp32's figures,
@@ -393,16 +448,16 @@ def position_curves(rows: list[dict]) -> dict | None:
     return curves
 
 
-def summary(rows: list[dict], bounds: dict) -> tuple[dict, list[str]]:
+def summary(rows: list[dict], bounds: GpuBounds) -> tuple[dict, list[str]]:
     """Headline figures and the problems, one line each: not finite, fp32 over a bound (global or per
-    position), a half mode of bounds["held_to_floor"] over fp16_max_over_floor x the floor (global or
+    position), a half mode of bounds.held_to_floor over fp16_max_over_floor x the floor (global or
     per position). The other half modes' ratios are recorded against the same target. `modes` holds
     every mode's ModeFigures; the flat keys are fp32's and fp16's, as earlier records have them."""
-    over_floor, held = bounds["fp16_max_over_floor"], bounds.get("held_to_floor", [])
+    over_floor, held = bounds.fp16_max_over_floor, bounds.held_to_floor
     fp32 = [r for r in rows if r["mode"] == "fp32"]
     problems = compare.judge([r for r in rows if r["mode"] != "fp32" and r["mode"] not in held], {})
     problems += compare.judge(
-        fp32, {"rel_vs_torch": bounds["max_rel_fp32"], "rel_per_position_vs_torch": bounds["max_rel_per_position_fp32"]}
+        fp32, {"rel_vs_torch": bounds.max_rel_fp32, "rel_per_position_vs_torch": bounds.max_rel_per_position_fp32}
     )
     problems += compare.judge(
         [r for r in rows if r["mode"] in held], {"over_floor": over_floor, "over_floor_per_position": over_floor}

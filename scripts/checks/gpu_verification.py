@@ -136,10 +136,10 @@ class GpuFindings:
     rows: list[dict]
 
 
-def result(found: GpuFindings, bounds: dict) -> CheckResult:
+def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
     """The record (results/gpu/<name>.json), the metrics row and the line."""
     runs, path, of = found.runs, found.path, found.of
-    limit, over_floor = bounds["max_rel_fp32"], bounds["fp16_max_over_floor"]
+    limit, over_floor = bounds.max_rel_fp32, bounds.fp16_max_over_floor
     figures, problems = gpu_check.summary(found.rows, bounds)
     for mode, run in runs.items():
         figures["modes"][mode].update(fully_accelerated=run.fully_accelerated, probe=run.proof.as_dict())
@@ -167,7 +167,7 @@ def result(found: GpuFindings, bounds: dict) -> CheckResult:
         "section_limit_bytes": found.graph.max_bytes,
         "accelerator_seconds": {mode: round(run.seconds, 3) for mode, run in runs.items()},
         "threshold_fp32": limit,
-        "threshold_per_position_fp32": bounds["max_rel_per_position_fp32"],
+        "threshold_per_position_fp32": bounds.max_rel_per_position_fp32,
         **figures,
         "rows": found.rows,
     }
@@ -175,7 +175,7 @@ def result(found: GpuFindings, bounds: dict) -> CheckResult:
         max_rel=figures["fp32_max_rel_vs_torch"],
         threshold=limit,
         max_rel_per_position=figures["fp32_max_rel_per_position_vs_torch"],
-        threshold_per_position=bounds["max_rel_per_position_fp32"],
+        threshold_per_position=bounds.max_rel_per_position_fp32,
         fp16_max_rel=figures["fp16_max_rel_vs_f64"],
         fp16_over_floor=figures["fp16_over_floor"],
         mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
@@ -188,14 +188,14 @@ def result(found: GpuFindings, bounds: dict) -> CheckResult:
         f"verify_gpu {path.name} on {device['adapter']}, layers {found.layers_checked} of {found.layers}: "
         f"fully accelerated {accelerated}; fp32 max rel vs torch "
         f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
-        f"(bounds {limit:g}, {bounds['max_rel_per_position_fp32']:g}); "
+        f"(bounds {limit:g}, {bounds.max_rel_per_position_fp32:g}); "
         f"floor (torch float16) {figures['floor_max_rel_vs_f64']:.3g}; "
         + "; ".join(
             f"{m} vs float64 {modes[m]['max_rel_vs_f64']:.3g}, {modes[m]['over_floor']:.2f}x the "
             f"floor ({modes[m]['over_floor_per_position']:.2f}x per position)"
             for m in gpu_check.HALF_MODES
         )
-        + f" (target {over_floor:g}x; held to it: {', '.join(bounds['held_to_floor']) or 'none'})"
+        + f" (target {over_floor:g}x; held to it: {', '.join(bounds.held_to_floor) or 'none'})"
     )
     where = layout.gpu_result_path(of.name)
     return CheckResult(f"verify_gpu {path.name}", of.name, doc, where, metrics_row, [line], problems)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from scripts.checks import compare
 from scripts.layers import gated_delta, kernel_form
+from scripts.pipeline.records import Record
 
 REGIMES = ("strong_decay", "weak_decay", "correlated_keys", "one_key", "gate_extremes")
 GATE_A_MAX = 20.0  # gate_extremes's |a|: exp(20) ~ 5e8 is far past fp16's 65504
@@ -111,7 +112,7 @@ def finite(*xs) -> bool:
     return all(bool(torch.isfinite(x).all()) for x in xs)
 
 
-def form_figures(out, state, out_ref, state_ref, what: str) -> dict:
+def form_figures(out, state, out_ref, state_ref, what: str) -> dict[str, float]:
     """The output (global and per position: positions are axis 1 of [B, L, H, Dv]) and the state
     (global: it has no positions) of one kernel run against a reference."""
     return {
@@ -180,7 +181,83 @@ def check(heads: dict, forms: list, seed: int = 0, control_form: str | None = No
 BOUNDED = ("rel_vs_f64", "rel_per_position_vs_f64", "rel_state_vs_f64")
 
 
-def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dict:
+@dataclass(frozen=True)
+class WorstVsF64(Record):
+    """A kernel's largest error against float64 truth over every row: output, output per position, state."""
+
+    out: float | None
+    out_per_position: float | None
+    state: float | None
+
+
+@dataclass(frozen=True)
+class WorstVsStock(Record):
+    """A form's largest error against the stock kernel over every row: output and state."""
+
+    out: float | None
+    state: float | None
+
+
+@dataclass(frozen=True)
+class Fp16Figures(Record):
+    """A form run in float16 over every row: finite everywhere, and its largest errors against float64."""
+
+    all_finite: bool
+    max_out_rel_vs_f64: float | None
+    max_out_rel_per_position_vs_f64: float | None
+    max_state_rel_vs_f64: float | None
+
+
+@dataclass(frozen=True)
+class MemoryCutControl(Record):
+    """The configured form with its state zeroed at each chunk boundary: its largest error against
+    float64, how many times the bound that is, and how many times it must be."""
+
+    rel_vs_f64: float | None
+    over_threshold: float | None
+    required_over_threshold: float
+    what: str
+
+
+@dataclass(frozen=True)
+class KernelSummary(Record):
+    """results/kernel.json `summary`: the configured form judged against its bounds, and every form's
+    worst figures (fp32 and fp16, against float64 and the stock kernel) beside the stock kernel's."""
+
+    form: str
+    thresholds: dict[str, float]
+    passed: bool
+    failures: list[str]
+    max_rel_vs_f64: dict[str, WorstVsF64]
+    max_rel_vs_stock: dict[str, WorstVsStock]
+    stock_max_rel_vs_f64: WorstVsF64
+    all_finite: bool
+    head_pairs_identical: bool
+    fp16: dict[str, Fp16Figures]
+    fp16_note: str
+    control_memory_cut: MemoryCutControl
+    vs_control_unscaled_state_min_out_rel_vs_f64: float | None
+
+
+@dataclass(frozen=True)
+class KernelRecord(Record):
+    """results/kernel.json: the checkpoint's GatedDeltaNet head counts, its revision, the summary and
+    every row (regime, L, initial state) of check."""
+
+    heads: dict[str, int]
+    revision: str
+    summary: KernelSummary
+    rows: list[dict]
+
+
+FP16_NOTE = (
+    "fp16 runs the kernel's own arithmetic in float16; `loop` is the stock algorithm op for op "
+    "(transformers' stock function upcasts to float32 inside, so it cannot show fp16). The "
+    "configured form must be finite in fp16 in every regime."
+)
+
+
+def summarize(rows: list[dict], form: str, limits: dict[str, float], min_over: float) -> KernelSummary:
     """limits: {"rel_vs_f64", "rel_per_position_vs_f64"} bounds; the state is held to the global one.
     Failures: the configured form over a bound or not finite, in fp32; not finite in fp16 in any
     regime (`sp` and `ec` exist for that); its memory-cut control under min_over x the global bound."""
@@ -204,49 +281,48 @@ def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dic
     ]
     control = compare.worst(cut, "rel_vs_f64")
     failures += compare.control_problems("memory_cut", control, limits["rel_vs_f64"], min_over)
-    return {
-        "form": form,
-        "thresholds": bounds,
-        "passed": not failures,
-        "failures": failures,
-        "max_rel_vs_f64": {
-            f: {
-                "out": worst("rel_vs_f64", f),
-                "out_per_position": worst("rel_per_position_vs_f64", f),
-                "state": worst("rel_state_vs_f64", f),
-            }
+    stock = [r["stock"] for r in rows]
+    return KernelSummary(
+        form=form,
+        thresholds=bounds,
+        passed=not failures,
+        failures=failures,
+        max_rel_vs_f64={
+            f: WorstVsF64(
+                out=worst("rel_vs_f64", f),
+                out_per_position=worst("rel_per_position_vs_f64", f),
+                state=worst("rel_state_vs_f64", f),
+            )
             for f in forms
         },
-        "max_rel_vs_stock": {
-            f: {"out": worst("rel_vs_stock", f), "state": worst("rel_state_vs_stock", f)} for f in forms
+        max_rel_vs_stock={
+            f: WorstVsStock(out=worst("rel_vs_stock", f), state=worst("rel_state_vs_stock", f)) for f in forms
         },
-        "stock_max_rel_vs_f64": {
-            "out": compare.worst([r["stock"] for r in rows], "rel_vs_f64"),
-            "out_per_position": compare.worst([r["stock"] for r in rows], "rel_per_position_vs_f64"),
-            "state": compare.worst([r["stock"] for r in rows], "rel_state_vs_f64"),
-        },
-        "all_finite": all(r["stock"]["finite"] for r in rows)
+        stock_max_rel_vs_f64=WorstVsF64(
+            out=compare.worst(stock, "rel_vs_f64"),
+            out_per_position=compare.worst(stock, "rel_per_position_vs_f64"),
+            state=compare.worst(stock, "rel_state_vs_f64"),
+        ),
+        all_finite=all(r["stock"]["finite"] for r in rows)
         and all(r["forms"][f]["finite"] for r in rows for f in forms),
-        "head_pairs_identical": all(r["head_pairs_identical"] for r in rows),
-        "fp16": {
-            f: {
-                "all_finite": all(r["forms"][f]["fp16"]["finite"] for r in rows),
-                "max_out_rel_vs_f64": worst("rel_vs_f64", f, "fp16"),
-                "max_out_rel_per_position_vs_f64": worst("rel_per_position_vs_f64", f, "fp16"),
-                "max_state_rel_vs_f64": worst("rel_state_vs_f64", f, "fp16"),
-            }
+        head_pairs_identical=all(r["head_pairs_identical"] for r in rows),
+        fp16={
+            f: Fp16Figures(
+                all_finite=all(r["forms"][f]["fp16"]["finite"] for r in rows),
+                max_out_rel_vs_f64=worst("rel_vs_f64", f, "fp16"),
+                max_out_rel_per_position_vs_f64=worst("rel_per_position_vs_f64", f, "fp16"),
+                max_state_rel_vs_f64=worst("rel_state_vs_f64", f, "fp16"),
+            )
             for f in forms
         },
-        "fp16_note": "fp16 runs the kernel's own arithmetic in float16; `loop` is the stock algorithm op for op "
-        "(transformers' stock function upcasts to float32 inside, so it cannot show fp16). The "
-        "configured form must be finite in fp16 in every regime.",
-        "control_memory_cut": {
-            "rel_vs_f64": control,
-            "over_threshold": compare.margin(control, limits["rel_vs_f64"]),
-            "required_over_threshold": min_over,
-            "what": "the configured form with its state zeroed at every chunk boundary",
-        },
-        "vs_control_unscaled_state_min_out_rel_vs_f64": min(
+        fp16_note=FP16_NOTE,
+        control_memory_cut=MemoryCutControl(
+            rel_vs_f64=control,
+            over_threshold=compare.margin(control, limits["rel_vs_f64"]),
+            required_over_threshold=min_over,
+            what="the configured form with its state zeroed at every chunk boundary",
+        ),
+        vs_control_unscaled_state_min_out_rel_vs_f64=min(
             [
                 r["forms"][f]["control_unscaled_state_rel_vs_f64"]
                 for r in rows
@@ -255,7 +331,7 @@ def summarize(rows: list[dict], form: str, limits: dict, min_over: float) -> dic
             ],
             default=None,
         ),
-    }
+    )
 
 
 def export_nodes(fn, args) -> int:
@@ -285,7 +361,31 @@ def median_seconds(fns, args, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def bench(form: str, heads: int, head_dim: int, lengths, repeats: int) -> dict:
+@dataclass(frozen=True)
+class BenchRow(Record):
+    """One length of the kernel bench: both kernels' median seconds, their ratio, export node counts."""
+
+    L: int
+    stock_median_s: float
+    form_median_s: float
+    speedup_stock_over_form: float
+    export_nodes_stock: int
+    export_nodes_form: int
+
+
+@dataclass(frozen=True)
+class KernelBench(Record):
+    """results/kernel_bench.json: the form's kernel against the stock one at given head sizes."""
+
+    form: str
+    heads: int
+    head_dim: int
+    repeats: int
+    torch_threads: int
+    rows: list[BenchRow]
+
+
+def bench(form: str, heads: int, head_dim: int, lengths, repeats: int) -> KernelBench:
     """The form's kernel vs transformers' stock kernel: median time ratio and export node counts."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule as stock_kernel
 
@@ -302,20 +402,20 @@ def bench(form: str, heads: int, head_dim: int, lengths, repeats: int) -> dict:
         )
         t_stock, t_form = median_seconds([stock_kernel, kernel], args, repeats)
         rows.append(
-            {
-                "L": length,
-                "stock_median_s": t_stock,
-                "form_median_s": t_form,
-                "speedup_stock_over_form": t_stock / t_form,
-                "export_nodes_stock": export_nodes(stock_kernel, args),
-                "export_nodes_form": export_nodes(kernel, args),
-            }
+            BenchRow(
+                L=length,
+                stock_median_s=t_stock,
+                form_median_s=t_form,
+                speedup_stock_over_form=t_stock / t_form,
+                export_nodes_stock=export_nodes(stock_kernel, args),
+                export_nodes_form=export_nodes(kernel, args),
+            )
         )
-    return {
-        "form": form,
-        "heads": heads,
-        "head_dim": head_dim,
-        "repeats": repeats,
-        "torch_threads": torch.get_num_threads(),
-        "rows": rows,
-    }
+    return KernelBench(
+        form=form,
+        heads=heads,
+        head_dim=head_dim,
+        repeats=repeats,
+        torch_threads=torch.get_num_threads(),
+        rows=rows,
+    )

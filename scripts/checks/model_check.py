@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from dataclasses import dataclass
 
 import torch
 
 from scripts.checks import compare, controls, layerwise, records
 from scripts.layers import gated_delta
+from scripts.pipeline.records import Record
 from scripts.qwen35 import model_change, patch
 from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill
@@ -142,11 +144,26 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
                     "interleave_calls_expected": 2 * gdn_layers,
                 }
             )
-        rows.append(causality(model, host, length, vocab, seed))
+        rows.append(causality(model, host, length, vocab, seed).to_json())  # judged with the others, as a mapping
     return rows
 
 
-def causality(model, host: Host, length: int, vocab: int, seed: int) -> dict:
+@dataclass(frozen=True)
+class CausalityRow(Record):
+    """verify_model's causality row at one L (results/model.json `rows`): n real tokens with zero pads,
+    garbage pads and none, their differences, and whether the garbage-padded output is finite."""
+
+    check: str
+    L: int
+    n_real: int
+    rel_causality: float
+    rel_garbage_vs_zero_pads: float
+    rel_f64_no_pads_vs_zero_pads: float
+    fp32_rel_no_pads_vs_zero_pads: float
+    finite: bool
+
+
+def causality(model, host: Host, length: int, vocab: int, seed: int) -> CausalityRow:
     """One record of n tokens: zero pads to L, garbage pads to L, and no pads (a graph of L = n).
 
     Garbage vs zero pads at the same L must agree exactly in fp32 (same shapes, same arithmetic: an
@@ -175,16 +192,16 @@ def causality(model, host: Host, length: int, vocab: int, seed: int) -> dict:
         run(bare, n, torch.float32),
     )
     e_zero, e_bare = run(zero, length, torch.float64), run(bare, n, torch.float64)
-    return {
-        "check": "causality",
-        "L": length,
-        "n_real": n,
-        "rel_causality": compare.largest([compare.rel(h_garbage, h_zero), compare.rel(e_bare, e_zero)]),
-        "rel_garbage_vs_zero_pads": compare.rel(h_garbage, h_zero),
-        "rel_f64_no_pads_vs_zero_pads": compare.rel(e_bare, e_zero),
-        "fp32_rel_no_pads_vs_zero_pads": compare.rel(h_bare, h_zero),
-        "finite": bool(torch.isfinite(h_garbage).all()),
-    }
+    return CausalityRow(
+        check="causality",
+        L=length,
+        n_real=n,
+        rel_causality=compare.largest([compare.rel(h_garbage, h_zero), compare.rel(e_bare, e_zero)]),
+        rel_garbage_vs_zero_pads=compare.rel(h_garbage, h_zero),
+        rel_f64_no_pads_vs_zero_pads=compare.rel(e_bare, e_zero),
+        fp32_rel_no_pads_vs_zero_pads=compare.rel(h_bare, h_zero),
+        finite=bool(torch.isfinite(h_garbage).all()),
+    )
 
 
 def failures(rows: list[dict], limits: dict) -> list[str]:

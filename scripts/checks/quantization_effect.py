@@ -22,7 +22,7 @@ TOP = 5
 VOCAB_BLOCK = 16384
 
 
-def truths(model, records: dict) -> dict:
+def truths(model, records: dict[str, tuple[int, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
     """{kind: float64 hidden [n, H]} of stock transformers on each record's real positions, with the
     weights `model` holds now (call before weight_precision.apply changes them)."""
     twin = patch.stock_twin(model)
@@ -44,7 +44,7 @@ def logits(lm_head: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def decision(host, hidden: torch.Tensor, truth: torch.Tensor) -> dict:
+def decision(host, hidden: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
     """Top-1 and top-5 agreement and mean KL(truth || graph) of the logits at every position (a graph
     output that is not finite agrees nowhere, at infinite KL)."""
     if not bool(torch.isfinite(hidden).all()):
@@ -58,7 +58,7 @@ def decision(host, hidden: torch.Tensor, truth: torch.Tensor) -> dict:
     return {"top1_agreement": top1, "top5_agreement": top5, "mean_kl": kl}
 
 
-def row(kind: str, n: int, hidden: torch.Tensor, truth: torch.Tensor, host) -> dict:
+def row(kind: str, n: int, hidden: torch.Tensor, truth: torch.Tensor, host) -> dict[str, str | int | float]:
     """One record: a graph's hidden [n, H] at the real positions against the unquantized truth."""
     return {
         "record": kind,
@@ -68,7 +68,7 @@ def row(kind: str, n: int, hidden: torch.Tensor, truth: torch.Tensor, host) -> d
     }
 
 
-def summary(rows: list[dict]) -> dict:
+def summary(rows: list[dict]) -> dict[str, float | None]:
     """The worst of a graph's records: largest errors and KL, smallest agreements."""
     return {
         "max_rel_vs_unquantized_f64": compare.worst(rows, "rel_vs_unquantized_f64"),

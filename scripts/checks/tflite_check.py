@@ -4,12 +4,14 @@ real positions, and latency as a ratio measured in the same run (medians, torch 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from scripts.checks import records
 from scripts.pipeline.measure import timed_runs
+from scripts.pipeline.records import Record, optional
 
 
 def interpreter(path, threads: int | None = None):
@@ -24,7 +26,10 @@ RECORD_KINDS = ("full", "padded", "one_token")
 REFERENCE_KIND = "padded"  # the record a graph's reference record (scripts/release/references.py) carries
 
 
-def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict:
+Inputs = dict[str, torch.Tensor]  # a host-built record's named graph inputs
+
+
+def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict[str, tuple[int, Inputs]]:
     """The host-built records a row graph is checked on: {kind: (real tokens, inputs)}: all L tokens,
     a right-padded record, and a single token (the most padding); `kinds` of them."""
     from scripts.checks.model_check import random_ids
@@ -39,22 +44,30 @@ def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict:
     return out
 
 
-def torch_reference(graph, inputs: dict, n: int, form) -> dict:
-    """What a record is checked against, from the torch row graph: its hidden at the n real positions
-    and, where the record spans two chunks, the same with the memory-cut fault (scripts/checks/controls.py).
-    Computed before the interpreter loads, so the stack can be freed first."""
+@dataclass(frozen=True)
+class TorchReference:
+    """What a record is checked against, from the torch row graph: its hidden [n, H] at the n real
+    positions, and the same with the memory-cut fault where the record spans two chunks (else None)."""
+
+    hidden: torch.Tensor
+    memory_cut: torch.Tensor | None
+
+
+def torch_reference(graph, inputs: Inputs, n: int, form) -> TorchReference:
+    """The record's TorchReference. Computed before the interpreter loads, so the stack can be freed
+    first (scripts/checks/controls.py: the memory-cut fault)."""
     from scripts.checks import controls
     from scripts.qwen35 import model_change
 
     with torch.no_grad():
-        out = {"hidden": graph(**inputs)["hidden"][0, :n], "memory_cut": None}
+        hidden, memory_cut = graph(**inputs)["hidden"][0, :n], None
         if controls.memory_cut_applies(form, n):
             with model_change.changed(graph.text_model, memory_cut=True):
-                out["memory_cut"] = graph(**inputs)["hidden"][0, :n]
-    return out
+                memory_cut = graph(**inputs)["hidden"][0, :n]
+    return TorchReference(hidden, memory_cut)
 
 
-def record_row(kind: str, n: int, lite: torch.Tensor, reference: dict) -> dict:
+def record_row(kind: str, n: int, lite: torch.Tensor, reference: TorchReference) -> dict[str, str | int | float | bool]:
     """One record's row: the interpreter's hidden [1, L, H] vs the torch row graph's at the n real
     positions (scripts/checks/compare.py), and the memory-cut control where it applies: the same file
     against the torch graph with the fault (torch_reference)."""
@@ -64,11 +77,11 @@ def record_row(kind: str, n: int, lite: torch.Tensor, reference: dict) -> dict:
     row = {
         "record": kind,
         "n_real": n,
-        **compare.figures("vs_torch", lite, reference["hidden"]),
+        **compare.figures("vs_torch", lite, reference.hidden),
         "finite": bool(torch.isfinite(lite).all()),
     }
-    if reference["memory_cut"] is not None:
-        row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, reference["memory_cut"])
+    if reference.memory_cut is not None:
+        row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, reference.memory_cut)
     return row
 
 
@@ -89,16 +102,37 @@ def litert_times(runner, inputs: dict, repeats: int, budget_seconds: float | Non
     return timed_runs(lambda: runner(**feeds), repeats, budget_seconds)
 
 
-def latency(litert: list[float], torch_: list[float], repeats: int, budget_seconds: float | None = None) -> dict:
+@dataclass(frozen=True)
+class TimedRuns(Record):
+    """How many runs each side of a latency measurement timed."""
+
+    litert: int
+    torch: int
+
+
+@dataclass(frozen=True)
+class Latency(Record):
+    """A graph's latency against the torch row graph (results/tflite_L{L}.json `latency`): the two
+    medians, their ratio, the runs asked for and timed, and the time budget when one was set."""
+
+    litert_median_s: float
+    torch_median_s: float
+    torch_over_litert: float
+    repeats: int
+    timed_runs: TimedRuns
+    budget_seconds: float | None = optional()
+
+
+def latency(litert: list[float], torch_: list[float], repeats: int, budget_seconds: float | None = None) -> Latency:
     """The two medians of the timed runs, measured in one process one after the other (torch first,
     then the stack is freed and the interpreter loads: the two never share memory), their ratio, and
     how many runs each side timed (`repeats` at most; fewer once `budget_seconds` were spent)."""
     litert_s, torch_s = statistics.median(litert), statistics.median(torch_)
-    return {
-        "litert_median_s": litert_s,
-        "torch_median_s": torch_s,
-        "torch_over_litert": torch_s / litert_s,
-        "repeats": repeats,
-        "timed_runs": {"litert": len(litert), "torch": len(torch_)},
-        **({"budget_seconds": budget_seconds} if budget_seconds is not None else {}),
-    }
+    return Latency(
+        litert_median_s=litert_s,
+        torch_median_s=torch_s,
+        torch_over_litert=torch_s / litert_s,
+        repeats=repeats,
+        timed_runs=TimedRuns(litert=len(litert), torch=len(torch_)),
+        budget_seconds=budget_seconds,
+    )

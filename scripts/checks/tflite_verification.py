@@ -42,7 +42,7 @@ class TfliteFindings(GraphFindings):
     length: int
     applied: weight_precision.Applied
     effect: list[dict]
-    timing: dict
+    timing: tflite_check.Latency
 
 
 PHASES = (
@@ -91,7 +91,7 @@ def verify(
         # the release packages the padded record (two thirds of L real); `clef verify` reruns it wherever it lands
         padded = records[tflite_check.REFERENCE_KIND][1]
         references.save(
-            references.row_reference(padded, expected[tflite_check.REFERENCE_KIND]["hidden"]),
+            references.row_reference(padded, expected[tflite_check.REFERENCE_KIND].hidden),
             layout.reference_path(path),
         )
         phase("torch timing")
@@ -154,7 +154,7 @@ class TfliteRecord(Record):
     census: dict
     metadata: dict
     reference_record: ReferenceFigures
-    latency: dict
+    latency: tflite_check.Latency
 
 
 def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> TfliteRecord:
@@ -206,15 +206,15 @@ def result(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         op_total=census["op_total"],
         max_rank=census["max_rank"],
         ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None,
-        torch_over_litert=timing["torch_over_litert"],
-        litert_ms=1e3 * timing["litert_median_s"],
+        torch_over_litert=timing.torch_over_litert,
+        litert_ms=1e3 * timing.litert_median_s,
     )
     line = (
         f"verify_tflite L={length}: max rel vs torch {doc.max_rel_vs_torch:.2e}, per position "
         f"{doc.max_rel_per_position_vs_torch:.2e} (bounds {limit:g}, {limits['rel_per_position_vs_torch']:g}); "
         f"memory-cut control {compare.shown(doc.control_memory_cut['rel_vs_torch'])}; "
         f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
-        f"torch/litert time {timing['torch_over_litert']:.2f}x; weights {found.weights}: top-1 agreement with "
+        f"torch/litert time {timing.torch_over_litert:.2f}x; weights {found.weights}: top-1 agreement with "
         f"the unquantized model {doc.quantization_effect['min_top1_agreement']:.3f}"
     )
     name = f"tflite_L{length}"
