@@ -174,8 +174,8 @@ def render(
         *front_matter(rec.repo, theirs),
         f"# {name}",
         "",
-        f"LiteRT graphs of the text stack of `{rec['repo']}` at revision `{rec['revision']}` "
-        f"(source: {rec['source']}), GatedDeltaNet kernel form `{form}`. {WEIGHTS_SAID[weights]}; the "
+        f"LiteRT graphs of the text stack of `{rec.repo}` at revision `{rec.revision}` "
+        f"(source: {rec.source}), GatedDeltaNet kernel form `{form}`. {WEIGHTS_SAID[weights]}; the "
         "embedding lookup, the M-RoPE tables and the lm_head run on the host.",
         "",
         *license_lines(rec.repo, theirs),
