@@ -55,3 +55,14 @@ def test_front_matter_carries_license_and_base_model(theirs):
         assert meta["license"] == "apache-2.0" and "Qwen/Qwen3.5-9B" in body
     else:
         assert "license" not in meta and "no model card" in body
+
+
+def test_the_card_names_the_checkpoint_from_its_snapshot_record():
+    """render reads the snapshot record by its fields (a card spelt it as a dict after the record became
+    typed, and only a full repro found it): the repository, revision and source appear in its text."""
+    from scripts.checkpoint.snapshot import SnapshotRecord
+
+    rec = SnapshotRecord("tiny", "clef-litert/clef-flash-tiny", "a" * 40, "hf/x", [])
+    unsigned = {"signed": False, "why": "no key"}
+    text = card.render("n", rec, "R64+sp+ec+dd+vs6", "fp16", {"weights": "reference"}, {}, {}, unsigned, None, {}, {})
+    assert f"`{rec.repo}` at revision `{rec.revision}` (source: {rec.source})" in text
