@@ -444,7 +444,7 @@ class BenchInput(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Reference(Record):
+class BenchReferences(Record):
     """What each level's float64 reference and fp16 floor are, and the floor's figures per level."""
 
     row: str
@@ -463,7 +463,7 @@ class GpuBench(Record):
     record: BenchInput
     repeats: int
     date: str
-    reference: Reference
+    reference: BenchReferences
     timing: str
     environment: Environment
     loadavg_start: list[float]
@@ -554,7 +554,7 @@ def main() -> None:
         record=BenchInput(tokens=L, seed=SEED, real=L),
         repeats=REPEATS,
         date=started.isoformat(timespec="seconds"),
-        reference=Reference(
+        reference=BenchReferences(
             row="model_check.in_float64(stock_twin(model)), last_hidden_state",
             layer=f"model_check.in_float64(stock Qwen3_5GatedDeltaNet, layer {i}) on "
             f"layers[{i}].input_layernorm(embeds)",

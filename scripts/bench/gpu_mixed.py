@@ -153,7 +153,7 @@ def spread(model, host, stock, path: Path) -> dict[str, Spread]:
 
 
 @dataclasses.dataclass(frozen=True)
-class PartFigures(Record):
+class MixedPartFigures(Record):
     """A run of ops alone in mixed and alone in fp32 rounded to fp16 once: the final hidden state's
     {"global", "worst_position"} error against float64, and mixed's global error over the rounding's."""
 
@@ -163,7 +163,7 @@ class PartFigures(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class TracedPart(PartFigures):
+class TracedPart(MixedPartFigures):
     """One part of the decoder layer (its module path) and its ops [start, stop)."""
 
     part: str
@@ -171,7 +171,7 @@ class TracedPart(PartFigures):
 
 
 @dataclasses.dataclass(frozen=True)
-class TracedPiece(PartFigures):
+class TracedPiece(MixedPartFigures):
     """One piece of the largest part, cut after a matmul: its ops [start, stop) and their kinds."""
 
     ops: list[int]
@@ -194,7 +194,7 @@ class Trace(Record):
     largest_part: LargestPart
 
 
-def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Tensor], n: int) -> PartFigures:
+def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Tensor], n: int) -> MixedPartFigures:
     """Ops `ops` alone in mixed inside an fp32 run of the whole graph, and alone in fp32 with their outputs
     rounded to fp16 once: the final hidden state's error against float64, median over `feeds`."""
     graph = sections.SectionedGraph(path, 1 << 62, cuts={SIGNATURE: [0, ops.start, ops.stop, op_count(path)]})
@@ -212,7 +212,7 @@ def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Te
         e = [errors(torch.as_tensor(o["hidden"])[0, :n], x) for o, x in zip(outs, exact, strict=True)]
         figures[how] = {k: sig(statistics.median(x[k] for x in e)) for k in ("global", "worst_position")}
     graph.close()
-    return PartFigures(
+    return MixedPartFigures(
         mixed=figures["mixed"],
         fp32_rounded_once=figures["fp32_rounded_once"],
         mixed_over_rounding=sig(figures["mixed"]["global"] / figures["fp32_rounded_once"]["global"]),

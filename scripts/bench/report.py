@@ -162,7 +162,7 @@ def ops_per_gdn_layer(ws: Path) -> dict[str, int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Latency(Record):
+class RowLatency(Record):
     """One row graph's verify_tflite record as the bench carries it: interpreter and torch eager times."""
 
     litert_ms: float
@@ -173,13 +173,13 @@ class Latency(Record):
     passed: bool
 
 
-def latency(ws: Path) -> dict[str, Latency]:
-    """{L: that row graph's Latency}, from each of verify_tflite's records in `ws`."""
+def latency(ws: Path) -> dict[str, RowLatency]:
+    """{L: that row graph's RowLatency}, from each of verify_tflite's records in `ws`."""
     out = {}
     for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
         doc = json.loads(path.read_text())
         t = doc["latency"]
-        out[str(doc["L"])] = Latency(
+        out[str(doc["L"])] = RowLatency(
             litert_ms=1e3 * t["litert_median_s"],
             torch_ms=1e3 * t["torch_median_s"],
             torch_over_litert=t["torch_over_litert"],
@@ -246,14 +246,14 @@ class WorstOverFloor(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuFigures(Record):
+class WorkspaceGpu(Record):
     """verify_gpu's figures of a workspace: per record (results/gpu/<name>.json), and the worst per half mode."""
 
     gpu: dict[str, GraphGpu]
     gpu_worst: dict[str, WorstOverFloor]
 
 
-def gpu_figures(ws: Path) -> GpuFigures:
+def gpu_figures(ws: Path) -> WorkspaceGpu:
     """verify_gpu's records in `ws` (results/gpu/*.json) -> per record its layers_checked, layers, and per
     mode: fully_accelerated, fp32's GPU_FP32_KEYS, each half mode's GPU_HALF_KEYS; and per half mode the
     worst over_floor and over_floor_per_position over the graphs. A record without `modes` (made before
@@ -297,7 +297,7 @@ def gpu_figures(ws: Path) -> GpuFigures:
         )
         for mode in GPU_HALF_MODES
     }
-    return GpuFigures(gpu=graphs, gpu_worst=worst)
+    return WorkspaceGpu(gpu=graphs, gpu_worst=worst)
 
 
 def commit(ws: Path) -> str | None:
@@ -452,7 +452,7 @@ class Workspace(Record):
     layers: int | None
     fp32_bytes: int | None
     stages: dict[str, StageFigures]
-    latency: dict[str, Latency]
+    latency: dict[str, RowLatency]
     stack_rss_budget: dict | None
     stack_peak_rss_bytes: int | None
     ops_per_gdn_layer: dict[str, int]

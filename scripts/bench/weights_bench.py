@@ -137,7 +137,7 @@ def gpu_compiled(path: Path, max_bytes: int, census: dict) -> dict[str, GpuTake]
 
 
 @dataclasses.dataclass(frozen=True)
-class Conversion(Record):
+class VariantConversion(Record):
     """The graph against the torch model with the same stored weights: the worst record, and each record's
     compare.figures."""
 
@@ -193,7 +193,7 @@ class Variant(Record):
     applied: dict
     convert_seconds: float
     census: dict
-    conversion: Conversion
+    conversion: VariantConversion
     quantization_effect: QuantizationEffect
     vs_fp32_graph: VsFp32Graph | None
     cpu: CpuSpeed
@@ -243,7 +243,7 @@ def measure(
         applied=info["weights"].as_dict(),
         convert_seconds=convert_s,
         census={k: v for k, v in census.items() if k in ("op_total", "ops", "dtypes")},
-        conversion=Conversion(
+        conversion=VariantConversion(
             max_rel_vs_torch=compare.worst(conversion, "rel_vs_torch"),
             max_rel_per_position_vs_torch=compare.worst(conversion, "rel_per_position_vs_torch"),
             rows=conversion,
