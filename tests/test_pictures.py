@@ -82,10 +82,11 @@ def test_the_release_draws_its_own_figures():
     modes verify_gpu recorded (none drawn for a release without them)."""
     ref = {"max_rel": 2e-6, "max_rel_per_position": 5e-6, "threshold": 1e-4}
     gpu = {"modes": {"fp16": {"over_floor": 4.2}}}
-    drawn = pictures.release_pictures({"row_L64": {"reference": ref, "gpu": gpu}, "pair_P64_S64": {"reference": ref}})
-    assert sorted(drawn) == ["errors.svg", "gpu_modes.svg"] and all(svg.startswith("<svg") for _, svg in drawn.values())
-    assert "L64" in drawn["errors.svg"][1] and "pair P64 S64" in drawn["errors.svg"][1]
-    assert sorted(pictures.release_pictures({"row_L64": {"reference": ref}})) == ["errors.svg"]
+    pics = pictures.release_pictures({"row_L64": {"reference": ref, "gpu": gpu}, "pair_P64_S64": {"reference": ref}})
+    drawn = {p.file: p.svg for p in pics}
+    assert sorted(drawn) == ["errors.svg", "gpu_modes.svg"] and all(svg.startswith("<svg") for svg in drawn.values())
+    assert "L64" in drawn["errors.svg"] and "pair P64 S64" in drawn["errors.svg"]
+    assert [p.file for p in pictures.release_pictures({"row_L64": {"reference": ref}})] == ["errors.svg"]
 
 
 def artifact(n: int, gpu: bool = True, bad: float | None = None) -> dict:
@@ -133,5 +134,5 @@ def test_a_position_that_is_not_finite_is_named(bad):
 def test_the_release_draws_positions_only_where_it_has_curves():
     ref = {"max_rel": 2e-6, "max_rel_per_position": 5e-6, "threshold": 1e-4}
     with_curves = {"row_L64": {**artifact(8), "reference": {**ref, "positions": [1e-6] * 8}}}
-    assert "positions.svg" in pictures.release_pictures(with_curves)
-    assert "positions.svg" not in pictures.release_pictures({"row_L64": {"reference": ref}})
+    assert "positions.svg" in [p.file for p in pictures.release_pictures(with_curves)]
+    assert "positions.svg" not in [p.file for p in pictures.release_pictures({"row_L64": {"reference": ref}})]

@@ -8,15 +8,18 @@ them, as the tables are.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
+
+from scripts.pipeline.mappings import ForeignJson
 
 FOLDER = Path("results") / "figures"
 WIDTH = 420
 
 
-def svg(spec: dict) -> str:
+def svg(spec: ForeignJson) -> str:
     import vl_convert
 
     return vl_convert.vegalite_to_svg({"$schema": "https://vega.github.io/schema/vega-lite/v5.json", **spec})
@@ -40,12 +43,12 @@ def _order(names) -> list[str]:
     return sorted(names, key=lambda n: (n.startswith("pair"), [int(d) for d in re.findall(r"\d+", n)]))
 
 
-def _graph_axis(data: list[dict]) -> dict:
+def _graph_axis(data: list[dict]) -> ForeignJson:
     order = _order({d["graph"] for d in data})
     return {"field": "graph", "type": "nominal", "title": None, "sort": order, "axis": {"labelAngle": -30}}
 
 
-def _error_axis(title: str) -> dict:
+def _error_axis(title: str) -> ForeignJson:
     """The `error` field on a log scale: the errors span orders of magnitude."""
     return {
         "field": "error",
@@ -56,7 +59,7 @@ def _error_axis(title: str) -> dict:
     }
 
 
-def errors(rows: dict) -> dict:
+def errors(rows: dict) -> ForeignJson:
     """LiteRT against torch for each graph (CPU, fp32): the global figure and the worst position's, on a
     log scale under the bound they are held to."""
     data, bound = [], None
@@ -99,7 +102,7 @@ def errors(rows: dict) -> dict:
     }
 
 
-def gpu_modes(rows: dict) -> dict:
+def gpu_modes(rows: dict) -> ForeignJson:
     """Each GPU half mode's error over the torch-float16 floor per graph, global and worst position (1 is
     the floor itself)."""
     data = []
@@ -138,7 +141,7 @@ def gpu_modes(rows: dict) -> dict:
     }
 
 
-def sizes(weights: dict) -> dict:
+def sizes(weights: dict) -> ForeignJson:
     """Bytes at each weights precision: the L=64 row graph and the bundle (results/weights.json)."""
     data = [
         {"precision": name, "what": f"row graph L={weights['L']}", "MB": v["bytes"] / 1e6}
@@ -167,34 +170,47 @@ CPU_SERIES = "LiteRT CPU fp32 vs torch"
 FLOOR_SERIES = "torch float16 vs float64 (the floor)"
 
 
-def position_series(artifact: dict) -> dict[str, list]:
-    """A release manifest's graph entry -> {series: its figure at each position of the reference record}:
-    the release's own run on the CPU, and each GPU accelerator mode verify_gpu ran on a record of that
-    shape (fp32 against torch, the half modes and the floor against float64)."""
-    out = {}
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """One series of the positions picture: its label and its figure at each position of a record."""
+
+    series: str
+    errors: list[float]
+
+
+def position_series(artifact: dict) -> list[Curve]:
+    """A release manifest's graph entry -> its curves, each a figure at each position of the reference
+    record: the release's own run on the CPU, and each GPU accelerator mode verify_gpu ran on a record of
+    that shape (fp32 against torch, the half modes and the floor against float64)."""
+    out = []
     if artifact["reference"].get("positions") is not None:
-        out[CPU_SERIES] = artifact["reference"]["positions"]
+        out.append(Curve(CPU_SERIES, artifact["reference"]["positions"]))
     gpu = (artifact.get("gpu") or {}).get("positions") or {}
     for key, values in gpu.items():
         if key == "record":
             continue
         if key == "floor_vs_f64":
-            out[FLOOR_SERIES] = values
+            out.append(Curve(FLOOR_SERIES, values))
         else:
             mode, _, against = key.partition("_vs_")
-            out[f"GPU {mode} vs {'float64' if against == 'f64' else against}"] = values
+            out.append(Curve(f"GPU {mode} vs {'float64' if against == 'f64' else against}", values))
     return out
 
 
-def positions(artifacts: dict) -> dict:
+def positions(artifacts: dict) -> ForeignJson:
     """Error at each position of each graph's reference record, one panel per graph, log scale: where in
     a record LiteRT departs from torch, and where the GPU's half modes depart from float64 beside the
     floor torch float16 itself reaches."""
+    return _positions_chart({name: position_series(a) for name, a in artifacts.items()})
+
+
+def _positions_chart(curves: dict[str, list[Curve]]) -> ForeignJson:
+    """The positions picture of each graph's curves (position_series)."""
     data = []
-    for name, a in artifacts.items():
+    for name, drawn in curves.items():
         graph = _shape(name, "row_")
-        for series, values in position_series(a).items():
-            data += [{"graph": graph, "series": series, "position": t, "error": e} for t, e in enumerate(values)]
+        for c in drawn:
+            data += [{"graph": graph, "series": c.series, "position": t, "error": e} for t, e in enumerate(c.errors)]
     data, note = _drawable(data, "error")
     return {
         "title": f"Error at each position of each graph's reference record{note}",
@@ -215,18 +231,29 @@ def positions(artifacts: dict) -> dict:
     }
 
 
-def release_pictures(artifacts: dict) -> dict[str, tuple[str, str]]:
-    """The release's pictures from its manifest's figures: {file name: (title, SVG)}: each graph's reference
-    record error as measured at release time, and the GPU half modes verify_gpu recorded for it."""
+@dataclasses.dataclass(frozen=True)
+class ReleasePicture:
+    """One of the release's pictures: its file name, its title and its SVG."""
+
+    file: str
+    title: str
+    svg: str
+
+
+def release_pictures(artifacts: dict) -> list[ReleasePicture]:
+    """The release's pictures from its manifest's figures: each graph's reference record error as measured
+    at release time, and the GPU half modes verify_gpu recorded for it."""
     rows = {}
     for name, a in artifacts.items():
         ref = a["reference"]
         rows[name] = {k: ref.get(k) for k in ("max_rel", "max_rel_per_position", "threshold")}
         if (a.get("gpu") or {}).get("modes"):
             rows[f"gpu_{name}"] = {"modes": a["gpu"]["modes"]}
-    out = {"errors.svg": ("each graph's reference record, LiteRT vs torch", svg(errors(rows)))}
+    out = [ReleasePicture("errors.svg", "each graph's reference record, LiteRT vs torch", svg(errors(rows)))]
     if any(n.startswith("gpu_") for n in rows):
-        out["gpu_modes.svg"] = ("GPU half modes over the float16 floor", svg(gpu_modes(rows)))
-    if any(position_series(a) for a in artifacts.values()):
-        out["positions.svg"] = ("error at each position of each graph's reference record", svg(positions(artifacts)))
+        out.append(ReleasePicture("gpu_modes.svg", "GPU half modes over the float16 floor", svg(gpu_modes(rows))))
+    curves = {name: position_series(a) for name, a in artifacts.items()}
+    if any(curves.values()):
+        title = "error at each position of each graph's reference record"
+        out.append(ReleasePicture("positions.svg", title, svg(_positions_chart(curves))))
     return out

@@ -171,9 +171,9 @@ def build(
     signed = signing.section(key)
     bundled = bundle_section(next(iter(holders.values()))) if merged is not None else None
     shown = {}
-    for file, (title, drawn) in pictures.release_pictures(artifacts).items():
-        atomic.write_text(build_dir / PICTURES / file, drawn)
-        shown[f"{PICTURES}/{file}"] = title
+    for picture in pictures.release_pictures(artifacts):
+        atomic.write_text(build_dir / PICTURES / picture.file, picture.svg)
+        shown[f"{PICTURES}/{picture.file}"] = picture.title
     drawn_card = card.render(
         name,
         rec,
