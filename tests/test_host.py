@@ -110,10 +110,10 @@ def test_host_tables_are_mapped_not_read(tmp_path):
     save_file({"small": torch.arange(6, dtype=torch.float32), "embed": table}, str(path))
     digest = path.read_bytes()
     del table
-    before = measure.memory_status()["anon"]
+    before = measure.memory_status().anon
     mapped = mapped_tensor(path, "embed")
     rows = mapped[torch.tensor([3, 17, 24_999])].float()
-    grown = measure.memory_status()["anon"] - before
+    grown = measure.memory_status().anon - before
     assert grown < 20 * 2**20, grown
     with safe_open(str(path), framework="pt") as f:
         assert torch.equal(mapped, f.get_tensor("embed")) and torch.equal(

@@ -37,14 +37,14 @@ def test_a_latency_median_stops_after_three_calls_once_its_budget_is_spent(budge
 
 def test_anon_peak_sees_a_transient_allocation():
     sampler = measure.AnonPeak(interval=0.005).start()
-    before = measure.memory_status()["anon"]
+    before = measure.memory_status().anon
     block = bytearray(300 * MB)  # zero-filled by Python: every page is touched, so resident
     time.sleep(0.1)
     del block
     time.sleep(0.05)
     peak = sampler.stop()
     assert peak >= before + 280 * MB, (peak, before)
-    assert measure.memory_status()["anon"] < peak - 200 * MB  # it was freed; the peak remembers it
+    assert measure.memory_status().anon < peak - 200 * MB  # it was freed; the peak remembers it
 
 
 def busy(seconds: float) -> None:
@@ -62,7 +62,7 @@ def test_anon_peak_is_sampled_while_this_process_holds_the_gil():
     interval = sys.getswitchinterval()
     sampler = measure.AnonPeak(interval=0.005).start()
     time.sleep(0.2)  # the sampler process is up
-    before = measure.memory_status()["anon"]
+    before = measure.memory_status().anon
     sys.setswitchinterval(10.0)
     try:
         block = bytearray(300 * MB)
@@ -98,10 +98,10 @@ def test_the_sampler_leaves_nothing_on_the_stage_stderr(ending):
 
 def test_shared_memory_counts_as_anonymous():
     """Shared anonymous and memfd pages (where lavapipe keeps GPU buffers) cannot be dropped either."""
-    before = measure.memory_status()["anon"]
+    before = measure.memory_status().anon
     with mmap.mmap(-1, 200 * MB) as m:  # MAP_SHARED | MAP_ANONYMOUS: RssShmem, not RssAnon
         m.write(b"\1" * (200 * MB))
-        during = measure.memory_status()["anon"]
+        during = measure.memory_status().anon
     assert during - before >= 180 * MB, (before, during)
 
 
@@ -114,8 +114,8 @@ def test_a_mapped_file_is_resident_but_not_anonymous(tmp_path):
         total = sum(m[i] for i in range(0, len(m), 4096))  # touch every page
         during = measure.memory_status()
     assert total == 0
-    assert during["file"] - before["file"] >= 180 * MB, (before, during)
-    assert during["anon"] - before["anon"] < 50 * MB, (before, during)
+    assert during.file - before.file >= 180 * MB, (before, during)
+    assert during.anon - before.anon < 50 * MB, (before, during)
 
 
 def test_peak_rss_is_the_process_own_not_its_parent(tmp_path):

@@ -86,7 +86,7 @@ def held_bytes() -> int:
     from scripts.pipeline.measure import memory_status
 
     status = memory_status()
-    return status["anon"] + status["file"]  # anon includes shared pages (memory_status)
+    return status.anon + status.file  # anon includes shared pages (memory_status)
 
 
 def _memory_main(accelerator: str, mode: str, path: str) -> None:
@@ -112,7 +112,7 @@ def _memory_main(accelerator: str, mode: str, path: str) -> None:
     compiled = held_bytes()
     for name, io in shapes.items():
         runner(name)(**{k: np.zeros(s, np.float32) for k, s in io["inputs"].items()})
-    print(json.dumps({"before": before, "compiled": compiled, "held": held_bytes(), "peak": memory_status()["peak"]}))
+    print(json.dumps({"before": before, "compiled": compiled, "held": held_bytes(), "peak": memory_status().peak}))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,23 +34,34 @@ def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far: VmHWM, the high-water mark of its own memory.
     Not ru_maxrss, which Linux carries across exec from the process that started it: a stage run by
     a large parent (a test session holding models) would report the parent's peak as its own."""
-    return memory_status()["peak"]
+    return memory_status().peak
 
 
-def memory_status(pid: str = "self") -> dict[str, int]:
-    """Resident memory from /proc/<pid>/status, in bytes: rss (VmRSS), peak (VmHWM, its high-water
-    mark), anon (RssAnon: heap and anonymous mappings, what cannot be dropped) and file (RssFile:
-    mapped files' pages). A process that has exited but is not yet reaped (a zombie) has no memory
-    lines: the dict then has no "anon"."""
+@dataclasses.dataclass(frozen=True)
+class MemoryStatus:
+    """A process's resident memory from /proc/<pid>/status, in bytes: rss (VmRSS), peak (VmHWM, its
+    high-water mark), anon (RssAnon + RssShmem: heap, anonymous and shared mappings, what cannot be
+    dropped) and file (RssFile: mapped files' pages). A process that has exited but is not yet reaped
+    (a zombie) has no memory lines: each is then None."""
+
+    peak: int | None = None
+    rss: int | None = None
+    anon: int | None = None
+    file: int | None = None
+
+
+def memory_status(pid: str = "self") -> MemoryStatus:
+    """The memory of process `pid` now (MemoryStatus)."""
     fields = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, rest = line.partition(":")
         if key in fields:
             out[fields[key]] = int(re.match(r"\s*(\d+)", rest).group(1)) * 1024
+    shmem = out.pop("shmem", 0)
     if "anon" in out:
-        out["anon"] += out.pop("shmem", 0)
-    return out
+        out["anon"] += shmem
+    return MemoryStatus(**out)
 
 
 # The sampler process: the peak of the watched process's anonymous memory every `interval` seconds,
@@ -63,7 +74,7 @@ from scripts.pipeline.measure import memory_status
 pid, interval, peak = sys.argv[1], float(sys.argv[2]), 0
 while True:
     try:
-        anon = memory_status(pid).get("anon")
+        anon = memory_status(pid).anon
     except (FileNotFoundError, ProcessLookupError):
         anon = None
     if anon is None:
@@ -105,7 +116,7 @@ class AnonPeak:
     def stop(self) -> int:
         """Stop sampling (one last sample here too) -> the peak in bytes."""
         out, _ = self._process.communicate("stop\n", timeout=60)
-        self.peak = max(int(out.strip() or 0), memory_status()["anon"])
+        self.peak = max(int(out.strip() or 0), memory_status().anon)
         return self.peak
 
     def __enter__(self) -> AnonPeak:
