@@ -48,11 +48,10 @@ KEYS = {
 }
 
 
-def write(name: str, **figures) -> dict:
+def write(name: str, **figures) -> None:
     """results/metrics/<name>.json from keyword figures (each a KEYS entry; None values dropped)."""
     unknown = sorted(set(figures) - set(KEYS))
     if unknown:
         raise ValueError(f"metrics {name}: unknown keys {unknown}; add them to scripts/metrics.KEYS")
     doc = {k: v for k, v in figures.items() if v is not None}
     atomic.write_json(layout.metrics_path(name), doc)
-    return doc

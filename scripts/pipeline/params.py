@@ -18,6 +18,7 @@ from pathlib import Path
 from scripts.checks import records
 from scripts.layers import kernel_form
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import ForeignJson
 
 SOURCES = ("tiny", "synthetic", "hub")
 GPU_DEPTHS = ("auto", "block", "all")
@@ -179,7 +180,7 @@ def mapping(required: dict, optional: dict | None = None):
     """A section that is a mapping: every `required` key present, nothing outside required + optional."""
     optional = optional or {}
 
-    def check(value, name: str) -> dict:
+    def check(value, name: str) -> ForeignJson:
         known = {**required, **optional}
         if not isinstance(value, dict):
             raise ClefError(f"params.yaml: `{name}` must be a mapping with {', '.join(required)}")
@@ -208,7 +209,7 @@ def did_you_mean(key, known) -> str:
     return f"; did you mean {close[0]}?" if close else f"; known keys: {', '.join(known)}"
 
 
-def check_model_section(value, name: str) -> dict:
+def check_model_section(value, name: str) -> ForeignJson:
     rules = mapping(
         {
             "source": one_of(*SOURCES),
@@ -301,7 +302,7 @@ def check_section(params: dict, section: str, path: str | Path = "params.yaml"):
     return SCHEMA[section](params[section], section)
 
 
-def check_all(params: dict, path: str | Path = "params.yaml") -> dict:
+def check_all(params: dict, path: str | Path = "params.yaml") -> ForeignJson:
     """The whole file: every section of SCHEMA present and valid, no section it does not know."""
     for key in params:
         if key not in SCHEMA:
@@ -365,7 +366,7 @@ def parse_yaml(text: str, path: str | Path = "params.yaml"):
         raise ClefError(f"{path} is not valid YAML: {exc}") from None
 
 
-def read(path: str | Path = "params.yaml") -> dict:
+def read(path: str | Path = "params.yaml") -> ForeignJson:
     """params.yaml parsed as DVC parses it, or one line saying why it cannot be."""
     path = Path(path)
     if not path.is_file():
@@ -376,13 +377,13 @@ def read(path: str | Path = "params.yaml") -> dict:
     return params
 
 
-def bound_section(section: str, path: str | Path = "params.yaml") -> dict:
+def bound_section(section: str, path: str | Path = "params.yaml") -> ForeignJson:
     """A section of pass/fail bounds (scripts/pipeline/bounds.py: `memory`, `stack`), checked. A stage reads
     it without declaring it in dvc.yaml, so a new value reruns no stage; check_params holds the records."""
     return check_section(read(path), section, path)
 
 
-def load(sections=None, path: str | Path = "params.yaml") -> dict:
+def load(sections=None, path: str | Path = "params.yaml") -> ForeignJson:
     """params.yaml with `sections` present and checked (a stage asks for the sections it declares in
     dvc.yaml; `section.key` declares one key, so that DVC reruns the stage when that key changes and not
     when the rest of the section does, and checks its whole section), or, without `sections`, the whole
