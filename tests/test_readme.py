@@ -130,9 +130,16 @@ def workspace(tmp_path):
     atomic.write_json(tmp_path / layout.result_path("bundle"), BUNDLE_RECORD)
     atomic.write_json(
         tmp_path / layout.RELEASE / "manifest.json",
-        {"git": {"commit": "abcdef0123456789", "clean": True, "changed": []}},
+        {"git": {"commit": "abcdef0123456789", "clean": True, "changed": []}, "artifacts": {}},
     )
     return tmp_path
+
+
+def test_a_manifest_without_its_graph_entries_is_refused(workspace):
+    """The release manifest is read as a record: one lacking `artifacts` is one line naming it."""
+    atomic.write_json(workspace / layout.RELEASE / "manifest.json", {"git": None})
+    with pytest.raises(ClefError, match="no `artifacts` in the ReleaseRun record"):
+        readme.render(README, workspace)
 
 
 def test_tables_carry_the_records_and_name_the_run(workspace):

@@ -15,6 +15,7 @@ as it is.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -23,6 +24,8 @@ from pathlib import Path
 from scripts.bench.litert_benchmark import LatencyReport
 from scripts.pipeline import atomic, layout, pictures, provenance
 from scripts.pipeline.errors import ClefError, run_command
+from scripts.pipeline.mappings import ForeignJson
+from scripts.pipeline.records import Record
 
 README = Path("README.md")
 DOCS = Path("docs")  # the rest of the documentation, README's "Read next"
@@ -78,22 +81,29 @@ def read_bench(root: Path) -> dict:
     return bench
 
 
-def read_manifest(root: Path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ReleaseRun(Record):
+    """What the tables and pictures read of the release manifest (scripts/release/assemble.py Manifest):
+    the run's git state (absent in a manifest made before it was kept) and the graph entries. Read as this
+    view so that rendering the README does not import the release's builders (torch)."""
+
+    artifacts: dict[str, dict]
+    git: provenance.GitState | None = None
+
+
+def read_manifest(root: Path) -> ReleaseRun:
     """The release manifest of `root`'s last run: the tables name its commit, the pictures draw its figures."""
     from scripts.release.reader import MANIFEST
 
     path = root / layout.RELEASE / MANIFEST
     if not path.is_file():
         raise ClefError(f"no {path}: the tables name the run that made the release; run `dvc repro` first")
-    return json.loads(path.read_text())
+    return ReleaseRun.read(path)
 
 
-def run_line(root: Path) -> str:
+def run_line(manifest: ReleaseRun) -> str:
     """Which run the figures are from: the release manifest's commit (the last stage of the run)."""
-    doc = read_manifest(root).get("git")
-    git = (
-        provenance.GitState.from_json(doc, "the release manifest's git") if doc else provenance.GitState(None, None, [])
-    )
+    git = manifest.git or provenance.GitState(None, None, [])
     commit, clean = (git.commit or "unknown")[:7], git.clean
     state = "clean" if clean else "with uncommitted changes" if clean is False else "outside git"
     return f"From the `dvc repro` at commit {commit} ({state}); `results/metrics/`, rendered by `make readme`."
@@ -515,11 +525,6 @@ def bundle_table(rows: dict) -> str:
     return table(["bundle stage", "figure"], body)
 
 
-def read_release(root: Path) -> dict:
-    """The release manifest's graph entries (read_manifest)."""
-    return read_manifest(root)["artifacts"]
-
-
 def read_weights(root: Path) -> dict:
     path = root / layout.result_path("weights")
     if not path.is_file():
@@ -722,13 +727,18 @@ TABLES = {
 }
 
 
+def positions_picture(manifest: ReleaseRun) -> ForeignJson:
+    """The positions chart of the release's graph entries (pictures.positions)."""
+    return pictures.positions(manifest.artifacts)
+
+
 PICTURES = {  # picture_NAME blocks: NAME -> (the chart, the records it draws)
     "errors": (pictures.errors, "rows"),
     "gpu_modes": (pictures.gpu_modes, "rows"),
     "sizes": (pictures.sizes, "weights"),
-    "positions": (pictures.positions, "release"),
+    "positions": (positions_picture, "manifest"),
 }
-PICTURE_SOURCES = {"rows": read_metrics, "weights": read_weights, "release": read_release}  # the readers
+PICTURE_SOURCES = {"rows": read_metrics, "weights": read_weights, "manifest": read_manifest}  # the readers
 PICTURE_TITLES = {
     "errors": "LiteRT vs torch per graph",
     "gpu_modes": "GPU half modes over the float16 floor",
@@ -787,8 +797,10 @@ def render(
         elif name in TABLES:
             if "rows" not in records:
                 records["rows"] = read_metrics(root)
+            if "manifest" not in records:
+                records["manifest"] = read_manifest(root)
             if "run" not in records:
-                records["run"] = run_line(root)
+                records["run"] = run_line(records["manifest"])
             body = f"{records['run']}\n\n{TABLES[name](records['rows'])}"
         else:
             raise ClefError(f"{document}: block `{name}` has no table; known: {', '.join(block_names())}")
