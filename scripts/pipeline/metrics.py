@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from scripts.pipeline import atomic, layout
 
+MetricsRows = dict[str, dict]
+"""Check name -> its row under results/metrics/ (<name>.json, keys from KEYS), as the README's tables and
+pictures read them: which checks there are is the run's data."""
+
 KEYS = {
     "passed": "every row of the check within its threshold",
     "max_rel": "the check's headline error: max |diff| / max |reference| over its rows",

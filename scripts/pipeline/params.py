@@ -41,6 +41,10 @@ WEIGHT_PRECISIONS = ("fp32", "fp16", "int8")
 REVISION = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
+Limits = dict[str, float]
+"""A check's bounds: the params.yaml key, or the row figure it bounds (scripts/checks/compare.py) -> the
+positive number it holds; which keys, the check names."""
+
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -334,14 +338,14 @@ def check_context(params: dict, max_positions: int) -> None:
         )
 
 
-def positive_numbers(section, keys: tuple[str, ...], name: str) -> dict[str, float]:
+def positive_numbers(section, keys: tuple[str, ...], name: str) -> Limits:
     """params.yaml section `name` -> {key: value} for `keys`, each a positive finite number."""
     if not isinstance(section, dict):
         raise ClefError(f"params.yaml: `{name}` must be a mapping with {', '.join(keys)}")
     return {key: positive_number(section.get(key), f"{name}.{key}") for key in keys}
 
 
-def bounds(params: dict, section: str, keys: tuple[str, ...]) -> dict[str, float]:
+def bounds(params: dict, section: str, keys: tuple[str, ...]) -> Limits:
     """The bounds `max_<key>` of a verify section -> {key: bound}: each names the row figure it bounds
     (scripts/checks/compare.py), and each must be a positive number."""
     found = positive_numbers(params.get(section), tuple(f"max_{k}" for k in keys), section)

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from scripts.pipeline.mappings import ForeignJson
+from scripts.pipeline.metrics import MetricsRows
 
 FOLDER = Path("results") / "figures"
 WIDTH = 420
@@ -59,7 +60,7 @@ def _error_axis(title: str) -> ForeignJson:
     }
 
 
-def errors(rows: dict) -> ForeignJson:
+def errors(rows: MetricsRows) -> ForeignJson:
     """LiteRT against torch for each graph (CPU, fp32): the global figure and the worst position's, on a
     log scale under the bound they are held to."""
     data, bound = [], None
@@ -102,7 +103,7 @@ def errors(rows: dict) -> ForeignJson:
     }
 
 
-def gpu_modes(rows: dict) -> ForeignJson:
+def gpu_modes(rows: MetricsRows) -> ForeignJson:
     """Each GPU half mode's error over the torch-float16 floor per graph, global and worst position (1 is
     the floor itself)."""
     data = []

@@ -25,6 +25,7 @@ from scripts.bench.litert_benchmark import LatencyReport
 from scripts.pipeline import atomic, layout, pictures, provenance
 from scripts.pipeline.errors import ClefError, run_command
 from scripts.pipeline.mappings import ForeignJson
+from scripts.pipeline.metrics import MetricsRows
 from scripts.pipeline.records import Record
 
 README = Path("README.md")
@@ -47,7 +48,7 @@ def x(ratio) -> str:
     return "n/a" if ratio is None else f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.1f}x"
 
 
-def read_metrics(root: Path) -> dict[str, dict]:
+def read_metrics(root: Path) -> MetricsRows:
     """{check name: its metrics row} from results/metrics/, or one line saying the pipeline has not run.
     A GPU check's row gains its record's `modes` and `layers` (results/gpu/): the metrics row keeps the
     headline ratios only, so that `dvc metrics show` stays one readable table."""
@@ -128,7 +129,7 @@ def table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body]) + "\n"
 
 
-def checks_table(rows: dict) -> str:
+def checks_table(rows: MetricsRows) -> str:
     order = [
         ("kernel", "kernel vs float64 recurrence"),
         ("layers", "GatedDeltaNet layers vs stock float64"),
@@ -152,7 +153,7 @@ def checks_table(rows: dict) -> str:
     return table(["check", "passed", "global", "worst position", "bounds", "fault / bound"], body)
 
 
-def rows_table(rows: dict) -> str:
+def rows_table(rows: MetricsRows) -> str:
     body = [
         [
             str(r["L"]),
@@ -170,7 +171,7 @@ def rows_table(rows: dict) -> str:
     )
 
 
-def pairs_table(rows: dict) -> str:
+def pairs_table(rows: MetricsRows) -> str:
     body = [
         [
             f"P={r['P']} S={r['S']}",
@@ -196,7 +197,7 @@ def over_floor(value, per_position=None) -> str:
     return f"{value:.1f}" + ("" if per_position is None else f" ({per_position:.1f})")
 
 
-def gpu_table(rows: dict) -> str:
+def gpu_table(rows: MetricsRows) -> str:
     """Per graph: fp32 against the graph in torch; the floor (stock transformers in torch float16) and the
     half modes (fp16, and mixed: fp16 storage, fp32 accumulation) against stock float64, with their ratios
     to the floor, from the check's record (read_metrics). A check recorded before verify_gpu ran mixed
@@ -237,7 +238,7 @@ def gpu_table(rows: dict) -> str:
     )
 
 
-def export_bench_table(rows: dict) -> str:
+def export_bench_table(rows: MetricsRows) -> str:
     r = rows["export_bench"]
     stock_ops = r["ops_per_gdn_layer"] * r["gdn_ops_stock_over_form"]
     body = [
@@ -477,7 +478,7 @@ def mib(n) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def bundle_table(rows: dict) -> str:
+def bundle_table(rows: MetricsRows) -> str:
     """The bundle against the graphs it holds: size, sharing, identity per accelerator, memory."""
     row = rows.get("bundle")
     if not row or "record" not in row:
