@@ -94,3 +94,14 @@ def test_gpu_parts_refuses_a_fix_figure_or_a_graph_scope_it_lacks():
     del doc["graphs"]["one_layer"]
     with pytest.raises(ClefError, match=r"graphs: no `one_layer`"):
         gpu_parts.GpuParts.from_json(doc, "gpu_parts.json")
+
+
+def test_gpu_mixed_errors_are_records_under_the_key_global():
+    """A hidden state's errors stand under `global` and `worst_position`; one missing fails where it is read."""
+    doc = committed("gpu_mixed.json")
+    row = gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json").spread["padded"].rows[1]
+    assert isinstance(row.mixed, gpu_mixed.HiddenErrors)
+    assert row.mixed.global_ == doc["spread"]["padded"]["rows"][1]["mixed"]["global"]
+    del doc["spread"]["padded"]["rows"][1]["floor"]["global"]
+    with pytest.raises(ClefError, match=r"rows\[1\]: floor: no `global_`"):
+        gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json")
