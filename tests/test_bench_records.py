@@ -105,3 +105,12 @@ def test_gpu_mixed_errors_are_records_under_the_key_global():
     del doc["spread"]["padded"]["rows"][1]["floor"]["global"]
     with pytest.raises(ClefError, match=r"rows\[1\]: floor: no `global_`"):
         gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json")
+
+
+def test_gpu_bench_refuses_a_floor_level_it_lacks():
+    """The floor is a record of the two levels the candidates run at: one missing fails where it is read."""
+    doc = committed("gpu_bench.json")
+    assert isinstance(gpu_bench.GpuBench.from_json(doc, "gpu_bench.json").reference.floor.row, gpu_bench.Floor)
+    del doc["reference"]["floor"]["layer"]
+    with pytest.raises(ClefError, match=r"floor: no `layer`"):
+        gpu_bench.GpuBench.from_json(doc, "gpu_bench.json")
