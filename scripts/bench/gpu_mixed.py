@@ -210,6 +210,8 @@ class TracedPiece(MixedPartFigures):
 
 @dataclasses.dataclass(frozen=True)
 class LargestPart(Record):
+    """The part of the decoder layer with the most ops (its module path), piece by piece."""
+
     part: str
     pieces: list[TracedPiece]
 
