@@ -67,6 +67,7 @@ class HiddenErrors(KeyedRecord):
     worst_position: float
 
     def rounded(self) -> HiddenErrors:
+        """Each error as the JSON keeps it (sig)."""
         return HiddenErrors(sig(self.global_), sig(self.worst_position))
 
     def over(self, floor: HiddenErrors) -> HiddenErrors:
@@ -75,6 +76,7 @@ class HiddenErrors(KeyedRecord):
 
     @staticmethod
     def median(runs: list[HiddenErrors]) -> HiddenErrors:
+        """Each error's median over `runs`, as the JSON keeps it."""
         return HiddenErrors(
             sig(statistics.median(e.global_ for e in runs)), sig(statistics.median(e.worst_position for e in runs))
         )
