@@ -19,7 +19,7 @@ def main() -> None:
     for g in graphs:
         for signature in g.signatures:
             t = litert_benchmark.run(g.path, signature, runs, warmup, threads)
-            rows.append(litert_benchmark.LatencyRow(**t.__dict__, graph=g.name, kind=g.kind, **g.shape))
+            rows.append(litert_benchmark.LatencyRow.of(t, g.name, g.kind, **g.shape))
             print(
                 f"latency {g.name} {signature}: median {t.median_ms:.3g} ms (p5 {t.p5_ms:.3g}, "
                 f"p95 {t.p95_ms:.3g}; {t.num_runs} runs, {threads} threads)",

@@ -76,5 +76,41 @@ def test_gpu_parts_reads_back_and_writes_out_its_results_unchanged():
     assert isinstance(g.max_abs_err_where_small_g, gpu_parts.MaxError) and g.small_g_count is not None
     assert set(record.parts["gdn_layer_after"].outputs) == {"y", "conv", "z", "beta", "a"}
     assert isinstance(record.one_op["op_sum_2048_of_0.1"].outputs["y"].values, gpu_parts.FirstValues)
-    assert isinstance(record.graphs["row"].after, gpu_parts.GraphFigures)
+    assert isinstance(record.graphs.row.after, gpu_parts.GraphFigures)
     assert record.to_json() == doc
+
+
+def test_gpu_parts_refuses_a_fix_figure_or_a_graph_scope_it_lacks():
+    """The fix's exactness (under keys no identifier spells) and the whole graphs are records: a figure or a
+    scope missing fails where it is read, named."""
+    doc = committed("gpu_parts.json")
+    record = gpu_parts.GpuParts.from_json(doc, "gpu_parts.json")
+    assert isinstance(record.fix_exactness.softplus, gpu_parts.SoftplusExactness)
+    assert isinstance(record.parts["gdn_layer_after"].mix_on_gpu_fp16_projections, gpu_parts.MixAttribution)
+    del doc["fix_exactness"]["softplus_on_linspace_-80_80"]["series_fp32_vs_truth_max_rel"]
+    with pytest.raises(ClefError, match=r"softplus: no `series_fp32_vs_truth_max_rel`"):
+        gpu_parts.GpuParts.from_json(doc, "gpu_parts.json")
+    doc = committed("gpu_parts.json")
+    del doc["graphs"]["one_layer"]
+    with pytest.raises(ClefError, match=r"graphs: no `one_layer`"):
+        gpu_parts.GpuParts.from_json(doc, "gpu_parts.json")
+
+
+def test_gpu_mixed_errors_are_records_under_the_key_global():
+    """A hidden state's errors stand under `global` and `worst_position`; one missing fails where it is read."""
+    doc = committed("gpu_mixed.json")
+    row = gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json").spread["padded"].rows[1]
+    assert isinstance(row.mixed, gpu_mixed.HiddenErrors)
+    assert row.mixed.global_ == doc["spread"]["padded"]["rows"][1]["mixed"]["global"]
+    del doc["spread"]["padded"]["rows"][1]["floor"]["global"]
+    with pytest.raises(ClefError, match=r"rows\[1\]: floor: no `global_`"):
+        gpu_mixed.GpuMixed.from_json(doc, "gpu_mixed.json")
+
+
+def test_gpu_bench_refuses_a_floor_level_it_lacks():
+    """The floor is a record of the two levels the candidates run at: one missing fails where it is read."""
+    doc = committed("gpu_bench.json")
+    assert isinstance(gpu_bench.GpuBench.from_json(doc, "gpu_bench.json").reference.floor.row, gpu_bench.Floor)
+    del doc["reference"]["floor"]["layer"]
+    with pytest.raises(ClefError, match=r"floor: no `layer`"):
+        gpu_bench.GpuBench.from_json(doc, "gpu_bench.json")

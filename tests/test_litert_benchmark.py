@@ -25,6 +25,8 @@ def test_a_run_gives_percentiles_in_order(graph):
     figures = ["median_ms", "p5_ms", "p95_ms", "avg_ms", "std_ms", "min_ms", "max_ms", "init_ms", "num_runs"]
     assert list(r.to_json()) == ["signature", "fully_accelerated", "num_threads", *figures]
     assert type(r).from_json(r.to_json(), "latency.json") == r
+    row = litert_benchmark.LatencyRow.of(r, "row_L64", "row", L=64)
+    assert row.to_json() == {**r.to_json(), "graph": "row_L64", "kind": "row", "L": 64}
 
 
 def test_a_signature_the_graph_lacks_is_one_line_with_the_tools_reason(graph):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from scripts.checks import model_check, tflite_check
 from scripts.litert import export, tflite_file
+from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.measure import Stopwatch
 from scripts.pipeline.records import Record
 from scripts.qwen35 import patch, row_graph
@@ -56,7 +57,8 @@ class ConversionBench(Conversion, Record):
     litert_median_s: float
 
 
-def bench_record(host: Host, vocab: int) -> dict:
+def bench_record(host: Host, vocab: int) -> Tensors:
+    """The row graph inputs both conversions are timed on: BENCH_L random tokens, the same for every form."""
     return host.record(model_check.random_ids(BENCH_L, vocab, BENCH_L), BENCH_L)
 
 

@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ from scripts.checks import compare, model_check
 from scripts.litert import export, gpu_accelerator, tflite_file
 from scripts.pipeline import atomic, layout, provenance
 from scripts.pipeline.errors import ClefError, run_command
+from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
@@ -113,13 +115,10 @@ def short_refusal(line: str) -> str:
     return re.sub(r"(\s+\S*[;/]\S*)+$", "", line).strip()
 
 
-def tally(lines) -> dict[str, int]:
-    """{"OP: reason": how many refusal lines say it}. gpu_accelerator.refused_ops keeps one line per
-    distinct text, so a reason printed without a node path stands for one or many nodes."""
-    out: dict[str, int] = {}
-    for line in lines:
-        out[short_refusal(line)] = out.get(short_refusal(line), 0) + 1
-    return out
+def tally(lines) -> Counter[str]:
+    """ "OP: reason" -> how many refusal lines say it, in the order first said. gpu_accelerator.refused_ops
+    keeps one line per distinct text, so a reason printed without a node path stands for one or many nodes."""
+    return Counter(short_refusal(line) for line in lines)
 
 
 def notable_lines(log: str) -> list[str]:
@@ -360,11 +359,17 @@ def convert(module: nn.Module, feeds: dict[str, torch.Tensor], path: Path) -> fl
 # the run
 
 
-def references(
-    model, inputs: dict[str, torch.Tensor], layer_idx: int, layer_in: torch.Tensor
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{"row", "layer"}: (float64 reference, fp16 floor) of the stock twin's row and of the stock
-    GatedDeltaNet on `layer_in`; the floor is the same stock module run in torch float16."""
+@dataclasses.dataclass(frozen=True)
+class LevelReferences:
+    """(float64 reference, fp16 floor) of each level the candidates run at: the stock twin's row and the
+    stock GatedDeltaNet; the floor is the same stock module run in torch float16."""
+
+    row: tuple[torch.Tensor, torch.Tensor]
+    layer: tuple[torch.Tensor, torch.Tensor]
+
+
+def references(model, inputs: Tensors, layer_idx: int, layer_in: torch.Tensor) -> LevelReferences:
+    """The stock twin's row on `inputs` and its GatedDeltaNet on `layer_in`, in float64 and float16."""
     twin = patch.stock_twin(model)
     gdn = twin.layers[layer_idx].linear_attn
     embeds = inputs["embeds"]
@@ -374,7 +379,7 @@ def references(
             copy.deepcopy(twin).half()(inputs_embeds=embeds.half(), use_cache=False).last_hidden_state,
         )
         layer = (model_check.in_float64(gdn)(layer_in.double()), copy.deepcopy(gdn).half()(layer_in.half()))
-    return {"row": row, "layer": layer}
+    return LevelReferences(row=row, layer=layer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,12 +389,21 @@ class Floor(Record):
     rel: float
     worst_position_rel: float
 
+    @staticmethod
+    def of(exact: torch.Tensor, half: torch.Tensor) -> Floor:
+        return Floor(rel=compare.rel(half, exact), worst_position_rel=max(compare.rel_per_position(half, exact)))
 
-def floor_figures(refs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Floor]:
-    return {
-        level: Floor(rel=compare.rel(half, exact), worst_position_rel=max(compare.rel_per_position(half, exact)))
-        for level, (exact, half) in refs.items()
-    }
+
+@dataclasses.dataclass(frozen=True)
+class Floors(Record):
+    """The fp16 floor of each level (LevelReferences)."""
+
+    row: Floor
+    layer: Floor
+
+
+def floor_figures(refs: LevelReferences) -> Floors:
+    return Floors(row=Floor.of(*refs.row), layer=Floor.of(*refs.layer))
 
 
 def json_safe(obj):
@@ -450,7 +464,7 @@ class BenchReferences(Record):
     row: str
     layer: str
     fp16_floor: str
-    floor: dict[str, Floor]
+    floor: Floors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -501,7 +515,7 @@ def main() -> None:
                 f"our row graph, form {form} ({OURS_ROW})",
                 OURS_ROW,
                 inputs,
-                refs["row"],
+                refs.row,
                 adapters,
                 torch_module=ours_row,
             )
@@ -524,7 +538,7 @@ def main() -> None:
                     what,
                     path,
                     layer_feeds,
-                    refs["layer"],
+                    refs.layer,
                     adapters,
                     torch_module=module,
                     convert_seconds=seconds,
@@ -541,7 +555,7 @@ def main() -> None:
                 f"the stock `{STOCK_FORM}` kernel's row graph, converted here",
                 path,
                 inputs,
-                refs["row"],
+                refs.row,
                 adapters,
                 torch_module=stock_row,
                 convert_seconds=seconds,

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from ai_edge_litert.tools import flatbuffer_utils
 
+from scripts.bench.keyed_record import KeyedRecord, json_key
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, gpu_check, tflite_check
 from scripts.layers import kernel_form
@@ -57,9 +58,33 @@ def perturbed(embeds: torch.Tensor, seed: int) -> torch.Tensor:
     return embeds * (1 + (torch.rand(embeds.shape, generator=gen) * 2 - 1) * 2.0**-11)
 
 
-def errors(h: torch.Tensor, exact: torch.Tensor) -> dict[str, float]:
-    """{"global", "worst_position"}: the error of `h` against `exact` (a mapping: `global` names no field)."""
-    return {"global": compare.rel(h, exact), "worst_position": max(compare.rel_per_position(h, exact))}
+@dataclasses.dataclass(frozen=True)
+class HiddenErrors(KeyedRecord):
+    """A final hidden state's error against float64: the whole state's (`global` in the JSON) and the worst
+    position's."""
+
+    global_: float = json_key("global")
+    worst_position: float
+
+    def rounded(self) -> HiddenErrors:
+        """Each error as the JSON keeps it (sig)."""
+        return HiddenErrors(sig(self.global_), sig(self.worst_position))
+
+    def over(self, floor: HiddenErrors) -> HiddenErrors:
+        """Each error as a ratio to `floor`'s."""
+        return HiddenErrors(sig(self.global_ / floor.global_), sig(self.worst_position / floor.worst_position))
+
+    @staticmethod
+    def median(runs: list[HiddenErrors]) -> HiddenErrors:
+        """Each error's median over `runs`, as the JSON keeps it."""
+        return HiddenErrors(
+            sig(statistics.median(e.global_ for e in runs)), sig(statistics.median(e.worst_position for e in runs))
+        )
+
+
+def errors(h: torch.Tensor, exact: torch.Tensor) -> HiddenErrors:
+    """The error of `h` against `exact`."""
+    return HiddenErrors(compare.rel(h, exact), max(compare.rel_per_position(h, exact)))
 
 
 def parts(path: Path, layer: int = 0) -> list[tuple[str, range]]:
@@ -102,11 +127,11 @@ class SpreadRow(Record):
     and each mode's ratio to the floor."""
 
     seed: int
-    floor: dict[str, float]
-    fp16: dict[str, float]
-    fp16_over_floor: dict[str, float]
-    mixed: dict[str, float]
-    mixed_over_floor: dict[str, float]
+    floor: HiddenErrors
+    fp16: HiddenErrors
+    fp16_over_floor: HiddenErrors
+    mixed: HiddenErrors
+    mixed_over_floor: HiddenErrors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +145,11 @@ class Spread(Record):
     mixed_over_floor_median: float
 
 
-def spread(model, host, stock, path: Path) -> dict[str, Spread]:
+Spreads = dict[str, Spread]
+"""A record kind (tflite_check.row_records) -> its spread."""
+
+
+def spread(model, host, stock, path: Path) -> Spreads:
     compiled = {m: gpu_accelerator.compile(path, m) for m in gpu_check.HALF_MODES}
     out = {}
     for kind, (n, inputs) in tflite_check.row_records(host, L, model.config.vocab_size, ("full", "padded")).items():
@@ -128,21 +157,24 @@ def spread(model, host, stock, path: Path) -> dict[str, Spread]:
         for seed in range(PERTURBED + 1):
             feeds = {**inputs, "embeds": perturbed(inputs["embeds"], seed)}
             exact, floor = stock.hidden(feeds["embeds"][:, :n])
-            row = {"seed": seed, "floor": {k: sig(v) for k, v in errors(floor, exact).items()}}
+            row = {"seed": seed, "floor": errors(floor, exact).rounded()}
             for mode, c in compiled.items():
                 e = errors(c.signature()(**feeds)["hidden"][0, :n], exact)
-                row[mode] = {k: sig(v) for k, v in e.items()}
-                row[f"{mode}_over_floor"] = {k: sig(e[k] / row["floor"][k]) for k in e}
+                row[mode] = e.rounded()
+                row[f"{mode}_over_floor"] = e.over(row["floor"])
             rows.append(SpreadRow(**row))
-            print(f"spread {kind} seed {seed}: " + ", ".join(f"{k} {row[k]}" for k in row if k != "seed"), flush=True)
-        floors = [r.floor["global"] for r in rows]
+            print(
+                f"spread {kind} seed {seed}: " + ", ".join(f"{k} {row[k].to_json()}" for k in row if k != "seed"),
+                flush=True,
+            )
+        floors = [r.floor.global_ for r in rows]
         out[kind] = Spread(
             real_tokens=n,
             rows=rows,
             floor_max_over_min=sig(max(floors) / min(floors)),
             **{
                 f"{mode}_over_floor_median": sig(
-                    statistics.median(getattr(r, f"{mode}_over_floor")["global"] for r in rows)
+                    statistics.median(getattr(r, f"{mode}_over_floor").global_ for r in rows)
                 )
                 for mode in compiled
             },
@@ -154,11 +186,11 @@ def spread(model, host, stock, path: Path) -> dict[str, Spread]:
 
 @dataclasses.dataclass(frozen=True)
 class MixedPartFigures(Record):
-    """A run of ops alone in mixed and alone in fp32 rounded to fp16 once: the final hidden state's
-    {"global", "worst_position"} error against float64, and mixed's global error over the rounding's."""
+    """A run of ops alone in mixed and alone in fp32 rounded to fp16 once: the final hidden state's error
+    against float64, and mixed's global error over the rounding's."""
 
-    mixed: dict[str, float]
-    fp32_rounded_once: dict[str, float]
+    mixed: HiddenErrors
+    fp32_rounded_once: HiddenErrors
     mixed_over_rounding: float
 
 
@@ -180,6 +212,8 @@ class TracedPiece(MixedPartFigures):
 
 @dataclasses.dataclass(frozen=True)
 class LargestPart(Record):
+    """The part of the decoder layer with the most ops (its module path), piece by piece."""
+
     part: str
     pieces: list[TracedPiece]
 
@@ -209,13 +243,14 @@ def part_figures(path: Path, ops: range, feeds: list[dict], exact: list[torch.Te
             return RoundedOutputs(c) if inside else c
 
         outs = graph.run(compile_section, SIGNATURE, feeds)
-        e = [errors(torch.as_tensor(o["hidden"])[0, :n], x) for o, x in zip(outs, exact, strict=True)]
-        figures[how] = {k: sig(statistics.median(x[k] for x in e)) for k in ("global", "worst_position")}
+        figures[how] = HiddenErrors.median(
+            [errors(torch.as_tensor(o["hidden"])[0, :n], x) for o, x in zip(outs, exact, strict=True)]
+        )
     graph.close()
     return MixedPartFigures(
         mixed=figures["mixed"],
         fp32_rounded_once=figures["fp32_rounded_once"],
-        mixed_over_rounding=sig(figures["mixed"]["global"] / figures["fp32_rounded_once"]["global"]),
+        mixed_over_rounding=sig(figures["mixed"].global_ / figures["fp32_rounded_once"].global_),
     )
 
 
@@ -279,7 +314,7 @@ class GpuMixed(Record):
     graph: str
     form: str
     metric: str
-    spread: dict[str, Spread]
+    spread: Spreads
     trace: Trace
     seconds: float
 

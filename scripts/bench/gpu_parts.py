@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scripts.bench.keyed_record import KeyedRecord, json_key
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.layers import gated_delta, kernel_form
@@ -156,11 +157,8 @@ class FirstValues(Record):
     gpu_fp16: float
 
 
-SMALL_G_KEY = "max_abs_err_where_abs_g_lt_0.1"  # OutputFigures.max_abs_err_where_small_g in the JSON
-
-
 @dataclasses.dataclass(frozen=True)
-class OutputFigures(Record):
+class OutputFigures(KeyedRecord):
     """One output of a part: GPU fp16, torch float16 and GPU fp32 against float64 (max |x - ref| / max |ref|)
     and float64's largest magnitude; then what some parts add: where |g| < 0.1 (how many, the largest
     absolute error there), the largest elementwise relative error, log1p's fp16 zeros, the share of
@@ -171,23 +169,11 @@ class OutputFigures(Record):
     gpu_fp32_vs_f64: float
     max_abs_f64: float
     small_g_count: int | None = optional()
-    max_abs_err_where_small_g: MaxError | None = optional()
+    max_abs_err_where_small_g: MaxError | None = json_key("max_abs_err_where_abs_g_lt_0.1", optional=True)
     max_elementwise_rel: MaxError | None = optional()
     gpu_fp16_zero_up_to_x: float | None = optional()
     gpu_fp16_bitwise_equal_to_fp16_sequential_accumulation: float | None = optional()
     values: FirstValues | None = optional()
-
-    def to_json(self) -> dict[str, Any]:
-        doc = super().to_json()
-        if "max_abs_err_where_small_g" in doc:
-            doc[SMALL_G_KEY] = doc.pop("max_abs_err_where_small_g")
-        return doc
-
-    @classmethod
-    def from_json(cls, doc, where: str) -> OutputFigures:
-        if isinstance(doc, dict) and SMALL_G_KEY in doc:
-            doc = {("max_abs_err_where_small_g" if k == SMALL_G_KEY else k): v for k, v in doc.items()}
-        return super().from_json(doc, where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,13 +188,21 @@ class MixShares(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class MixAttribution(Record):
+    """The GatedDeltaNet layer's float64 mix fed GPU fp16's projections, then torch float16's (mix_attribution)."""
+
+    gpu_fp16: MixShares
+    torch_fp16: MixShares
+
+
+@dataclasses.dataclass(frozen=True)
 class PartFigures(Record):
     """One part: what its inputs are, and per output (named by the part) its OutputFigures, beside
     `inputs` in the JSON; the GatedDeltaNet layer adds how much of its error the projections carry."""
 
     inputs: str
     outputs: dict[str, OutputFigures]
-    mix_on_gpu_fp16_projections: dict[str, MixShares] | None = optional()
+    mix_on_gpu_fp16_projections: MixAttribution | None = optional()
 
     def to_json(self) -> dict[str, Any]:
         doc = super().to_json()
@@ -230,6 +224,10 @@ class PartFigures(Record):
         return dataclasses.replace(
             self, outputs={**self.outputs, output: dataclasses.replace(self.outputs[output], **figures)}
         )
+
+
+Parts = dict[str, PartFigures]
+"""A part's name -> its figures."""
 
 
 def measure(
@@ -395,7 +393,7 @@ def error_where(raw: tuple, mask: torch.Tensor | None = None, relative: bool = F
     return MaxError(**out)
 
 
-def softplus_parts(c: Captured) -> dict[str, PartFigures]:
+def softplus_parts(c: Captured) -> Parts:
     """g = -exp(A_log) softplus(a + dt_bias) on the real a, and softplus on a sweep, log1p form vs series."""
     out = {}
     gdn = c.gdn
@@ -437,7 +435,7 @@ def recurrence(m, u, w, q_decayed, intra, k_tail, carry):
     return {"out": torch.cat(outs, dim=1), "state": state}
 
 
-def kernel_parts(c: Captured) -> dict[str, PartFigures]:
+def kernel_parts(c: Captured) -> Parts:
     """The chunk kernel of FORM piece by piece, then whole, then the gated norm after it."""
     form = kernel_form.parse(FORM)
     const = gated_delta.chunk_constants(form.chunk)
@@ -501,7 +499,7 @@ def kernel_parts(c: Captured) -> dict[str, PartFigures]:
     return out
 
 
-def projection_parts(c: Captured) -> dict[str, PartFigures]:
+def projection_parts(c: Captured) -> Parts:
     gdn = c.gdn
     out = {}
     for tag, width in (("before", 0), ("after", SK_WIDTH)):
@@ -533,7 +531,7 @@ def projection_parts(c: Captured) -> dict[str, PartFigures]:
     return out
 
 
-def mix_attribution(gdn, raw: dict[str, tuple[torch.Tensor, ...]]) -> dict[str, MixShares]:
+def mix_attribution(gdn, raw: dict[str, tuple[torch.Tensor, ...]]) -> MixAttribution:
     """The float64 mix fed each source's projections (conv, z, beta, a) vs fed the float64 ones:
     how much of the layer's error the projections carry, and which of them."""
     mix64 = copy.deepcopy(gdn).double()
@@ -543,13 +541,12 @@ def mix_attribution(gdn, raw: dict[str, tuple[torch.Tensor, ...]]) -> dict[str, 
 
     exact = {k: raw[k][0] for k in ("conv", "z", "beta", "a")}
     y0 = mix(exact)
-    res = {}
-    for label, i in (("gpu_fp16", 2), ("torch_fp16", 1)):
+
+    def shares(i: int) -> MixShares:
         src = {k: raw[k][i] for k in exact}
-        res[label] = MixShares(
-            all=sig(rel(mix(src), y0)), **{k: sig(rel(mix({**exact, k: src[k]}), y0)) for k in exact}
-        )
-    return res
+        return MixShares(all=sig(rel(mix(src), y0)), **{k: sig(rel(mix({**exact, k: src[k]}), y0)) for k in exact})
+
+    return MixAttribution(gpu_fp16=shares(2), torch_fp16=shares(1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,7 +578,7 @@ def first_value(raw: tuple) -> FirstValues:
     )
 
 
-def one_ops(c: Captured) -> dict[str, PartFigures]:
+def one_ops(c: Captured) -> Parts:
     """One-op graphs: LOG(1 + x), FULLY_CONNECTED at K = 32..2048 (and split-K), SUM / MEAN accumulation,
     and the overflow of a square."""
     out = {}
@@ -688,7 +685,15 @@ class GraphScope(Record):
     after: GraphFigures
 
 
-def graph_rows(model, host) -> dict[str, GraphScope]:
+@dataclasses.dataclass(frozen=True)
+class WholeGraphs(Record):
+    """The fix before and after on one layer, then on the whole row graph (graph_rows)."""
+
+    one_layer: GraphScope
+    row: GraphScope
+
+
+def graph_rows(model, host) -> WholeGraphs:
     vocab = host.embed_tokens.shape[0]
     records = {s: host.record(model_check.random_ids(MODEL_L, vocab, s), MODEL_L) for s in MODEL_SEEDS}
     out = {}
@@ -721,7 +726,7 @@ def graph_rows(model, host) -> dict[str, GraphScope]:
             floor_mean_per_position=sig(mean_per_position(floors, refs)),
             **figures,
         )
-    return out
+    return WholeGraphs(**out)
 
 
 def mean_per_position(outs: dict[int, torch.Tensor], refs: dict[int, torch.Tensor]) -> float:
@@ -756,27 +761,59 @@ def graph_figures(model, records, refs, current64, floor: list[float], name: str
     )
 
 
-def exactness(c: Captured) -> dict[str, dict[str, float]]:
+@dataclasses.dataclass(frozen=True)
+class SoftplusExactness(Record):
+    """The series softplus against the log1p form in float64, and each in fp32 against float64 truth."""
+
+    series_vs_log1p_form_f64_max_rel: float
+    log1p_form_fp32_vs_truth_max_rel: float
+    series_fp32_vs_truth_max_rel: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitKExactness(Record):
+    """Split-K against one matmul in float64, and each in fp32 against float64 (in_proj_qkv, real inputs)."""
+
+    split_k_vs_linear_f64: float
+    linear_fp32_vs_f64: float
+    split_k_fp32_vs_f64: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FixExactness(KeyedRecord):
+    """The fix's formulas against the current ones: the softplus on a sweep, the projection on real inputs."""
+
+    softplus: SoftplusExactness = json_key("softplus_on_linspace_-80_80")
+    in_proj_qkv: SplitKExactness = json_key("in_proj_qkv_real_inputs")
+
+
+def exactness(c: Captured) -> FixExactness:
     """The fix's formulas against the current ones: in float64 (formula against formula) and in fp32 (against
     float64 truth). Whole graphs cannot show float64 differences below ~1e-7: the stack's RMSNorms compute in
     float32 even in a float64 copy (transformers' Qwen3_5RMSNorm calls x.float())."""
     x = torch.linspace(-80.0, 80.0, 200001)
     truth = torch.log1p(torch.exp(x.double()))
     diff = (series_softplus(x.double()) - log1p_softplus(x.double())).abs() / truth
-    soft = {"series_vs_log1p_form_f64_max_rel": sig(float(diff.max()))}
-    for name, fn in (("log1p_form", log1p_softplus), ("series", series_softplus)):
-        soft[f"{name}_fp32_vs_truth_max_rel"] = sig(float(((fn(x).double() - truth).abs() / truth).max()))
+
+    def fp32_vs_truth(fn) -> float:
+        return sig(float(((fn(x).double() - truth).abs() / truth).max()))
+
+    soft = SoftplusExactness(
+        series_vs_log1p_form_f64_max_rel=sig(float(diff.max())),
+        log1p_form_fp32_vs_truth_max_rel=fp32_vs_truth(log1p_softplus),
+        series_fp32_vs_truth_max_rel=fp32_vs_truth(series_softplus),
+    )
     xs, w = c.x, c.gdn.in_proj_qkv.weight
-    truth = F.linear(xs.double(), w.double())
-    lin = {
-        "split_k_vs_linear_f64": sig(rel(split_k_linear(xs.double(), w.double(), None, SK_WIDTH), truth)),
-        "linear_fp32_vs_f64": sig(rel(F.linear(xs, w), truth)),
-        "split_k_fp32_vs_f64": sig(rel(split_k_linear(xs, w, None, SK_WIDTH), truth)),
-    }
-    return {"softplus_on_linspace_-80_80": soft, "in_proj_qkv_real_inputs": lin}
+    exact = F.linear(xs.double(), w.double())
+    lin = SplitKExactness(
+        split_k_vs_linear_f64=sig(rel(split_k_linear(xs.double(), w.double(), None, SK_WIDTH), exact)),
+        linear_fp32_vs_f64=sig(rel(F.linear(xs, w), exact)),
+        split_k_fp32_vs_f64=sig(rel(split_k_linear(xs, w, None, SK_WIDTH), exact)),
+    )
+    return FixExactness(softplus=soft, in_proj_qkv=lin)
 
 
-def rms_norm_parts(model, c: Captured) -> dict[str, PartFigures]:
+def rms_norm_parts(model, c: Captured) -> Parts:
     """An observation, not part of the fix: Qwen3_5RMSNorm's (1 + w) is folded into one constant, which the GPU
     stores in fp16 (a per-channel rounding torch float16 does not make); y + y w keeps w exact."""
     norm = model.layers[0].input_layernorm
@@ -823,10 +860,10 @@ class GpuParts(Record):
     metric: str
     form: str
     fix: Fix
-    parts: dict[str, PartFigures]
-    fix_exactness: dict[str, dict[str, float]]
-    one_op: dict[str, PartFigures]
-    graphs: dict[str, GraphScope]
+    parts: Parts
+    fix_exactness: FixExactness
+    one_op: Parts
+    graphs: WholeGraphs
     adapter: str | None
     seconds: float
 

@@ -53,6 +53,11 @@ class LatencyRow(SignatureTiming):
     P: int | None = optional()
     S: int | None = optional()
 
+    @classmethod
+    def of(cls, timing: SignatureTiming, graph: str, kind: str, **shape: int) -> LatencyRow:
+        """`timing` as the row of graph `graph` of `kind`, whose `shape` is its L, or its P and S."""
+        return cls(**dataclasses.asdict(timing), graph=graph, kind=kind, **shape)
+
 
 @dataclasses.dataclass(frozen=True)
 class LatencyReport(Record):

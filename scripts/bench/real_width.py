@@ -20,6 +20,7 @@ import yaml
 from scripts.pipeline import layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
+from scripts.pipeline.mappings import ForeignJson
 
 # The shortest and longest default L and pair: the benchmark interpolates the ones between
 # (scripts/bench/report.py default_pipeline).
@@ -52,7 +53,7 @@ def prepare(ws: Path) -> None:
     path.write_text(yaml.safe_dump(overridden(params.read(path)), sort_keys=False))
 
 
-def overridden(p: dict) -> dict:
+def overridden(p: ForeignJson) -> ForeignJson:
     """params `p` with OVERRIDES applied (a mapping merges into its section, anything else replaces)."""
     p = dict(p)
     for key, value in OVERRIDES.items():

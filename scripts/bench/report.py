@@ -152,13 +152,14 @@ def accelerator_seconds(ws: Path, stage: str) -> float | None:
     return sum(doc["accelerator_seconds"].values()) if "accelerator_seconds" in doc else None
 
 
+def tflite_records(ws: Path) -> list[dict]:
+    """verify_tflite's records in `ws` (results/tflite_L*.json) as read, in file name order."""
+    return [json.loads(path.read_text()) for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json"))]
+
+
 def ops_per_gdn_layer(ws: Path) -> dict[str, int]:
     """{L: the most ops any GatedDeltaNet has in the row graph of L}, from verify_tflite's census."""
-    out = {}
-    for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
-        doc = json.loads(path.read_text())
-        out[str(doc["L"])] = max(doc["census"]["ops_per_gdn_layer"].values())
-    return out
+    return {str(doc["L"]): max(doc["census"]["ops_per_gdn_layer"].values()) for doc in tflite_records(ws)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,19 +176,17 @@ class RowLatency(Record):
 
 def latency(ws: Path) -> dict[str, RowLatency]:
     """{L: that row graph's RowLatency}, from each of verify_tflite's records in `ws`."""
-    out = {}
-    for path in sorted((ws / layout.RESULTS).glob("tflite_L*.json")):
-        doc = json.loads(path.read_text())
-        t = doc["latency"]
-        out[str(doc["L"])] = RowLatency(
-            litert_ms=1e3 * t["litert_median_s"],
-            torch_ms=1e3 * t["torch_median_s"],
-            torch_over_litert=t["torch_over_litert"],
+    return {
+        str(doc["L"]): RowLatency(
+            litert_ms=1e3 * doc["latency"]["litert_median_s"],
+            torch_ms=1e3 * doc["latency"]["torch_median_s"],
+            torch_over_litert=doc["latency"]["torch_over_litert"],
             bytes=doc["bytes"],
             max_rel_vs_torch=doc["max_rel_vs_torch"],
             passed=doc["passed"],
         )
-    return out
+        for doc in tflite_records(ws)
+    }
 
 
 GPU_HALF_MODES = ("fp16", "mixed")  # scripts/checks/gpu_check.HALF_MODES, held against float64 and the floor

@@ -75,9 +75,13 @@ class GpuTake(Record):
     compile_s: float | None = optional()
 
 
+GpuModes = dict[str, GpuTake]
+"""A GPU mode (gpu_accelerator.MODES) -> what the accelerator made of the graph in it."""
+
+
 def gpu_figures(
     path: Path, records: dict[str, tuple[int, dict[str, torch.Tensor]]], expected: dict[str, torch.Tensor]
-) -> dict[str, GpuTake]:
+) -> GpuModes:
     """Each GPU mode on the graph: compiled alone, the worst error against torch over the records and the
     median seconds of a run; or the accelerator's refusal, in its words."""
     out = {}
@@ -107,7 +111,7 @@ def gpu_figures(
     return out
 
 
-def gpu_compiled(path: Path, max_bytes: int, census: dict) -> dict[str, GpuTake]:
+def gpu_compiled(path: Path, max_bytes: int, census: dict) -> GpuModes:
     """Each GPU mode compiling the graph for the accelerator alone, section by section
     (scripts/litert/sections.py, as verify_gpu cuts it), none of it run: whether every section is fully
     accelerated, or the refusal in the accelerator's words. Where a software GPU would take hours to run
@@ -197,7 +201,7 @@ class Variant(Record):
     quantization_effect: QuantizationEffect
     vs_fp32_graph: VsFp32Graph | None
     cpu: CpuSpeed
-    gpu: dict[str, GpuTake]
+    gpu: GpuModes
 
 
 def measure(

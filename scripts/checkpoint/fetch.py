@@ -35,6 +35,9 @@ from scripts.pipeline.errors import ClefError
 if TYPE_CHECKING:
     from huggingface_hub.hf_api import RepoSibling
 
+HubFiles = dict[str, "RepoSibling"]
+"""A snapshot file's name -> the hub's entry for it (size, blob_id, lfs), as the hub lists it."""
+
 # The files the pipeline needs from a hub repository: config, safetensors weights, tokenizer, and the model
 # card (README.md), whose license and base model the release's card carries.
 HUB_PATTERNS = [
@@ -115,7 +118,7 @@ def download_hub(cache: Path, repo: str, revision: str) -> tuple[str, str]:
     return repo, revision
 
 
-def hub_files(siblings: list[RepoSibling]) -> dict[str, RepoSibling]:
+def hub_files(siblings: list[RepoSibling]) -> HubFiles:
     """name -> the hub's entry (size, blob_id, lfs) of every listed file snapshot_download will fetch."""
     from huggingface_hub.utils import filter_repo_objects  # the very filter snapshot_download applies
 
@@ -127,7 +130,7 @@ def listed_size(entry: RepoSibling) -> int | None:
     return entry.lfs.size if entry.lfs is not None else entry.size
 
 
-def bytes_left(storage: Path, revision: str, listed: dict[str, RepoSibling]) -> int:
+def bytes_left(storage: Path, revision: str, listed: HubFiles) -> int:
     """Bytes of `listed` files still to download (or copy) into the cache folder `storage` of the repository."""
     return sum(max(0, (listed_size(e) or 0) - held(storage, revision, n, e)) for n, e in listed.items())
 
@@ -141,7 +144,7 @@ def held(storage: Path, revision: str, name: str, entry: RepoSibling) -> int:
     return next((p.stat().st_size for p in candidates if p.is_file()), 0)
 
 
-def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> None:
+def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: HubFiles) -> None:
     """Refuse to start a download the disk holding `cache` has no room for (plus DISK_MARGIN)."""
     # A killed attempt leaves its temporary files behind; huggingface_hub names them per process
     # and never resumes them, so they only take room.
@@ -160,7 +163,7 @@ def check_room(cache: Path, storage: Path, repo: str, revision: str, listed: dic
         )
 
 
-def check_download(snapshot: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> None:
+def check_download(snapshot: Path, repo: str, revision: str, listed: HubFiles) -> None:
     """Check the downloaded files against the hub's list (`problems`).
 
     huggingface_hub checks a transfer's length but no hash, and trusts a blob already in the cache:
@@ -183,7 +186,7 @@ def check_download(snapshot: Path, repo: str, revision: str, listed: dict[str, R
 HASH_NAMES = {"sha256": "sha256", "git-sha1": "git blob sha1"}
 
 
-def problems(folder: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> dict[str, str]:
+def problems(folder: Path, repo: str, revision: str, listed: HubFiles) -> dict[str, str]:
     """name -> what is wrong, for each `listed` file in `folder` that is not the hub's: its size first
     (cheap, and the clearer line), then its sha256 (LFS files) or git blob id through huggingface_hub's
     `verify_repo_checksums`, run over a folder linking only these files so nothing else is hashed."""
@@ -216,7 +219,7 @@ def user_cache_snapshot(repo: str, revision: str) -> Path:
     return Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}" / "snapshots" / revision
 
 
-def copy_from_user_cache(storage: Path, repo: str, revision: str, listed: dict[str, RepoSibling]) -> list[str]:
+def copy_from_user_cache(storage: Path, repo: str, revision: str, listed: HubFiles) -> list[str]:
     """Copy into the partial snapshot under `storage` each `listed` file it lacks that the user's Hugging
     Face cache holds with the hub's size and hash; -> the names copied. A file that fails the check is
     named and left where it is (the user's cache is theirs): huggingface_hub downloads it instead."""

@@ -17,9 +17,9 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import ForeignJson
 from scripts.pipeline.records import Record
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -96,7 +96,7 @@ def record(snapshot: Path, source: str, repo: str, revision: str, root: Path = P
     return SnapshotRecord(source, repo, revision, os.path.relpath(snapshot, root), files)
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
+def read_json(path: str | Path) -> ForeignJson:
     """A JSON file of a snapshot (config.json, tokenizer_config.json, the safetensors index), or one
     line naming the file and what is wrong with it."""
     path = Path(path)
@@ -111,7 +111,7 @@ def read_json(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def text_config(snapshot: str | Path) -> dict[str, Any]:
+def text_config(snapshot: str | Path) -> ForeignJson:
     """config.json's `text_config` of a snapshot (or a release's host/ directory), or one line."""
     path = Path(snapshot) / "config.json"
     text = read_json(path).get("text_config")

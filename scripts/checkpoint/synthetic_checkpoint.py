@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from scripts.checkpoint import tiny_checkpoint as tiny
+from scripts.pipeline.mappings import ForeignJson
 from scripts.qwen35.checkpoint_layout import EMBED_TOKENS, TEXT_PREFIX
 
 REPO = "clef-litert/clef-flash-synthetic"
@@ -49,7 +49,7 @@ REAL_WIDTHS = {
 PROJECTION_GAIN = tiny.PROJECTION_STD * math.sqrt(tiny.TEXT_CONFIG["hidden_size"])
 
 
-def text_config(layers: int) -> dict[str, Any]:
+def text_config(layers: int) -> ForeignJson:
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise ValueError(f"layers must be a positive integer, got {layers!r}")
     kinds = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]

@@ -28,9 +28,10 @@ import hashlib
 import json
 import math
 import zlib
-from typing import Any
 
 import torch
+
+from scripts.pipeline.mappings import ForeignJson, Shapes, Tensors
 
 REPO = "clef-litert/clef-flash-tiny"
 SEED = 20260
@@ -139,8 +140,11 @@ MERGES = [
 ]
 SHARDS = 2
 
+FileBytes = dict[str, bytes]
+"""A snapshot file's name -> its bytes."""
 
-def mtp_shapes(hidden: int) -> dict[str, tuple[int, ...]]:
+
+def mtp_shapes(hidden: int) -> Shapes:
     """A few of the multi-token-prediction head's tensors: present in the snapshot, never loaded."""
     return {
         "mtp.fc.weight": (hidden, 2 * hidden),
@@ -150,7 +154,7 @@ def mtp_shapes(hidden: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def config(text_config: dict[str, Any] = TEXT_CONFIG) -> dict[str, Any]:
+def config(text_config: ForeignJson = TEXT_CONFIG) -> ForeignJson:
     """config.json for a text stack `text_config` (the tiny one by default) with the toy vision tower."""
     n = len(SPECIAL_TOKENS)
     first_special = 256 + len(MERGES)
@@ -186,7 +190,7 @@ def byte_alphabet() -> list[str]:
     return out
 
 
-def tokenizer_files() -> dict[str, bytes]:
+def tokenizer_files() -> FileBytes:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
@@ -288,7 +292,7 @@ def _draw(name: str, shape: tuple[int, ...], projection_std: float = PROJECTION_
     return projection_std * randn()
 
 
-def shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def shapes(cfg: ForeignJson) -> Shapes:
     """Every checkpoint key of config `cfg` with its shape (read off a model built on the meta device)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -299,7 +303,7 @@ def shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def tensors() -> dict[str, torch.Tensor]:
+def tensors() -> Tensors:
     """Every checkpoint tensor in bf16, keyed as in the real snapshot, in sorted key order."""
     sizes = shapes(config())
     return {k: _draw(k, sizes[k]).to(torch.bfloat16).contiguous() for k in sorted(sizes)}
@@ -309,7 +313,7 @@ def shard_name(i: int) -> str:
     return f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"
 
 
-def files() -> dict[str, bytes]:
+def files() -> FileBytes:
     """name -> bytes of every snapshot file."""
     from safetensors.torch import save
 
@@ -329,7 +333,7 @@ def files() -> dict[str, bytes]:
     return out
 
 
-def revision(content: dict[str, bytes]) -> str:
+def revision(content: FileBytes) -> str:
     """A 40-hex id named by the content itself: the same files, the same revision, on every machine."""
     return revision_of_digests({name: hashlib.sha256(data).hexdigest() for name, data in content.items()})
 
