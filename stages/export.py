@@ -37,7 +37,7 @@ def main() -> None:
     )
     with atomic.scratch_file(out, ".raw") as raw:
         export.convert_row(model, Host(path), length, raw)
-        size = export.write(out, raw, meta, info["weights"])
+        size = export.write(out, raw, meta.to_json(), info["weights"])
     doc = {
         "L": length,
         "form": str(form),

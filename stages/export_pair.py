@@ -37,7 +37,7 @@ def main() -> None:
     )
     with atomic.scratch_file(out, ".raw") as raw:
         export.convert_pair(model, host, a.prefix, a.suffix, raw)
-        size = export.write(out, raw, meta, info["weights"])
+        size = export.write(out, raw, meta.to_json(), info["weights"])
     name = f"export_{layout.pair_name(a.prefix, a.suffix)}"
     doc = {
         "P": a.prefix,

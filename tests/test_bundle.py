@@ -108,7 +108,7 @@ def test_the_sharing_record_is_what_the_bundle_stage_writes(merged):
 
     _, m = merged
     doc = m.to_json()
-    assert doc == dataclasses.asdict(m) == m.as_dict()
+    assert doc == dataclasses.asdict(m) == m.to_json()
     assert list(doc) == [f.name for f in dataclasses.fields(bundle.Merged)]
     assert bundle.Merged.from_json(json.loads(json.dumps(doc)), "sharing") == m
 
@@ -118,7 +118,7 @@ def test_a_constant_stored_twice_is_found_in_the_file(parts, merged, tmp_path, m
     dedup is broken (every buffer given a digest of its own) stores each part's weights again, and the
     gate counts them."""
     path, _ = merged
-    assert bundle.duplicate_constants(path) == {"buffers": 0, "bytes": 0}
+    assert bundle.duplicate_constants(path) == bundle.Repeats(buffers=0, bytes=0)
     own = iter(range(10**6))
     real = bundle._digest
     monkeypatch.setattr(bundle, "_digest", lambda b, mm: (f"{real(b, mm)[0]}-{next(own)}", real(b, mm)[1]))
@@ -126,7 +126,7 @@ def test_a_constant_stored_twice_is_found_in_the_file(parts, merged, tmp_path, m
     monkeypatch.undo()
     one_copy = (64 * 512 + 512 + 512 * 64 + 64) * 4
     repeats = bundle.duplicate_constants(tmp_path / "broken.tflite")
-    assert repeats["buffers"] >= 2 * 4 and repeats["bytes"] >= 2 * one_copy, (repeats, broken)  # 3 parts: 2 more copies
+    assert repeats.buffers >= 2 * 4 and repeats.bytes >= 2 * one_copy, (repeats, broken)  # 3 parts: 2 more copies
 
 
 def test_every_signature_is_bit_identical_to_its_file_on_the_cpu_and_the_gpu(parts, merged):

@@ -11,6 +11,7 @@ import pytest
 
 from scripts.checks import gpu_check, gpu_verification
 from scripts.checks.gpu_verification import GpuFindings, GraphShape
+from scripts.litert.gpu_accelerator import GpuDevice
 from scripts.pipeline.errors import ClefError
 
 BOUNDS = gpu_check.GpuBounds(max_rel_fp32=1e-4, max_rel_per_position_fp32=1e-4, fp16_max_over_floor=2.0)
@@ -29,9 +30,10 @@ def rows() -> list[dict]:
 
 
 def findings(accelerated: bool = True) -> GpuFindings:
-    proof = SimpleNamespace(as_dict=lambda: {"probe_error": 0.0})
+    proof = SimpleNamespace(to_json=lambda: {"probe_error": 0.0})
+    device = GpuDevice("soft", "", None, True)
     runs = {
-        mode: SimpleNamespace(fully_accelerated=accelerated, proof=proof, seconds=1.23456, device={"adapter": "soft"})
+        mode: SimpleNamespace(fully_accelerated=accelerated, proof=proof, seconds=1.23456, device=device)
         for mode in gpu_check.MODES
     }
     graph = SimpleNamespace(plans={}, max_bytes=1000)

@@ -3,6 +3,9 @@ transformers' cache, and the host's refusals (wrong scale, wrong shape, too long
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 import torch
 
@@ -155,3 +158,16 @@ def test_the_checks_share_the_half_prefix_and_one_row_per_prefix_length(setup):
     with torch.no_grad():
         head = graph(**host.record(tokens[:33], PRE + SUF))["hidden"][:, 32:33]
     assert compare.rel(refs.row(tokens)[:, 32:33], head) < 1e-6
+
+
+def test_the_pair_contract_is_the_json_every_pair_graph_embeds(setup):
+    """The contract is a record; the JSON a pair graph's metadata holds is byte for byte what the dict
+    it replaced wrote (the pin is that dict's sha256 at this model and form), key order included: the
+    hidden output names its shape last, every other tensor second."""
+    doc = pair_graph.contract(setup[0], PRE, SUF, FORM).to_json()
+    assert list(doc) == ["graph", "version", "P", "S", "form", "recurrent_state_scale", "signatures", "rule"]
+    hidden, first_state = doc["signatures"]["suffix"]["outputs"][:2]
+    assert list(hidden) == ["name", "dtype", "meaning", "shape"] and hidden["name"] == "hidden"
+    assert list(first_state) == ["name", "shape", "dtype", "meaning"]
+    pinned = "207ca2633c79a3753b2d73dc08fde9d4eabb744f95ed3e24910b2232042d8482"
+    assert hashlib.sha256(json.dumps(doc).encode()).hexdigest() == pinned

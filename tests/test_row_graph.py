@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 
 from scripts.checks import compare, model_check
 from scripts.pipeline import params
-from scripts.qwen35 import patch
+from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill, causal_constant
 from tests.conftest import ROOT
@@ -185,3 +187,13 @@ def test_failures_name_the_row():
         "layer=2, seed=5, input_scale=3.0: an output is not finite",
         "check=vs_stock, L=128, record=full: 10 interleave calls, expected 12",
     ]
+
+
+def test_the_row_contract_is_the_json_every_row_graph_embeds(patched):
+    """The contract is a record; the JSON a row graph's metadata holds is byte for byte what the dict it
+    replaced wrote (the pin is that dict's sha256 at this model and form), key order included."""
+    doc = row_graph.contract(patched[0].config, 64, "R64+sp+ec+dd+vs6").to_json()
+    assert list(doc) == "graph version L form inputs outputs attention_mask pad_guard state_io".split()
+    assert [list(t) for t in doc["inputs"] + doc["outputs"]] == [["name", "shape", "dtype", "meaning"]] * 5
+    pinned = "36f12761e2e4b971130302079eb1bc55e87a47a537e710d3affbdaffb0d0144f"
+    assert hashlib.sha256(json.dumps(doc).encode()).hexdigest() == pinned

@@ -273,3 +273,20 @@ def test_the_content_digest_leaves_out_the_metadata_and_nothing_else(clean_model
         broken = tmp_path / f"broken_{path.name}"
         broken.write_bytes(bytes(data))
         assert digest(broken) != digest(path)
+
+
+def test_a_graphs_metadata_keeps_the_keys_and_order_it_had():
+    """The metadata is a record; what a graph embeds has the keys of the dict it replaced, in its
+    order: a row's L, or a pair's P and S, right after its kind, and the git state last."""
+    from scripts.checkpoint.snapshot import SnapshotRecord
+    from scripts.qwen35.row_graph import RowContract
+
+    rec = SnapshotRecord("tiny", "org/model", "r" * 40, "hf/snapshot", [])
+    contract = RowContract("row", 2, 4, "R64", [], [], "mask", "guard", "none")
+    head = ["repo", "revision", "source", "form", "weights", "kind"]
+    tail = ["contract_version", "contract", "params", "versions", "git"]
+    for shape, keys in (({"kind": "row", "L": 4}, ["L"]), ({"kind": "pair", "P": 8, "S": 4}, ["P", "S"])):
+        doc = export.metadata(rec, "R64", "fp16", contract, shape, {"form": "R64"}).to_json()
+        assert list(doc) == head + keys + tail
+        assert doc["contract"] == contract.to_json() and doc["contract_version"] == 2 and doc["kind"] == shape["kind"]
+        assert list(doc["git"]) == ["commit", "clean", "changed"]

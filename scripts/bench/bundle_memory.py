@@ -65,7 +65,7 @@ def main() -> None:
             "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "weights_mib": WEIGHT_MIB,
             "lengths": list(LENGTHS),
-            "bundle": merged.as_dict(),
+            "bundle": merged.to_json(),
             "memory": figures,
         },
     )

@@ -243,8 +243,8 @@ def measure(
         weights=precision,
         scheme=scheme,
         bytes=path.stat().st_size,
-        stored=stored.as_dict(),
-        applied=info["weights"].as_dict(),
+        stored=stored.to_json(),
+        applied=info["weights"].to_json(),
         convert_seconds=convert_s,
         census={k: v for k, v in census.items() if k in ("op_total", "ops", "dtypes")},
         conversion=VariantConversion(

@@ -42,7 +42,7 @@ def preflight(graphs: list[bundle_check.Graph], rec: SnapshotRecord, form: str, 
         if bad:
             raise ClefError(f"{g.path}: metadata {'; '.join(bad)}; rerun its export stage")
         # which file it was: the release refuses a bundle whose parts are not the graphs it has
-        metas[g.name] = {**meta, "signatures": g.signatures, "file": bundle.fingerprint(g.path)}
+        metas[g.name] = {**meta, "signatures": g.signatures, "file": bundle.fingerprint(g.path).to_json()}
     return metas
 
 
@@ -185,10 +185,9 @@ def verify(
     rows = identity_cpu(path, graphs) + (identity_gpu(path, graphs, census) if why is None else [])
     problems = [f"census: {v}" for v in found]
     repeated = bundle.duplicate_constants(path)
-    if repeated["buffers"]:
+    if repeated.buffers:
         problems.append(
-            f"{repeated['buffers']} constants stored more than once ({repeated['bytes']} bytes): "
-            "the weights are not shared"
+            f"{repeated.buffers} constants stored more than once ({repeated.bytes} bytes): the weights are not shared"
         )
     problems += [
         f"{r.graph} on the {r.accelerator}: outputs differ from its own file's (max rel {compare.shown(r.max_rel)})"
@@ -207,7 +206,7 @@ def verify(
         weights,
         [g.name for g in graphs],
         merged.signatures,
-        merged.as_dict(),
+        merged.to_json(),
         {"file": str(largest), "bytes": largest.stat().st_size},
         merged.bytes / largest.stat().st_size,
         goals["bytes_goal_over_graph"],

@@ -142,7 +142,7 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
     limit, over_floor = bounds.max_rel_fp32, bounds.fp16_max_over_floor
     figures, problems = gpu_check.summary(found.rows, bounds)
     for mode, run in runs.items():
-        figures["modes"][mode].update(fully_accelerated=run.fully_accelerated, probe=run.proof.as_dict())
+        figures["modes"][mode].update(fully_accelerated=run.fully_accelerated, probe=run.proof.to_json())
     accelerated = all(run.fully_accelerated for run in runs.values())
     if not accelerated:
         problems.insert(0, "is_fully_accelerated() is false")
@@ -155,7 +155,7 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
         **of.shape,
         "passed": not problems,
         "problems": problems,
-        "device": device,
+        "device": device.to_json(),
         "fully_accelerated": accelerated,
         "layers_checked": found.layers_checked,
         "layers": found.layers,
@@ -185,7 +185,7 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
     )
     modes = figures["modes"]
     line = (
-        f"verify_gpu {path.name} on {device['adapter']}, layers {found.layers_checked} of {found.layers}: "
+        f"verify_gpu {path.name} on {device.adapter}, layers {found.layers_checked} of {found.layers}: "
         f"fully accelerated {accelerated}; fp32 max rel vs torch "
         f"{figures['fp32_max_rel_vs_torch']:.2e}, per position {figures['fp32_max_rel_per_position_vs_torch']:.2e} "
         f"(bounds {limit:g}, {bounds.max_rel_per_position_fp32:g}); "

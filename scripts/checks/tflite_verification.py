@@ -174,7 +174,7 @@ def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         rows,
         compare.worst(rows, "rel_vs_torch"),
         compare.worst(rows, "rel_per_position_vs_torch"),
-        found.applied.as_dict(),
+        found.applied.to_json(),
         {**quantization_effect.summary(found.effect), "rows": found.effect},
         {
             "rel_vs_torch": control,

@@ -13,7 +13,6 @@ model gives the quantization's effect, a separate figure.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,23 +20,22 @@ from torch import nn
 
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.params import WEIGHT_PRECISIONS
+from scripts.pipeline.records import Record
 
 FP16_MAX = float(np.finfo(np.float16).max)
 INT8_LEVELS = 127  # symmetric: q in [-127, 127], zero point 0
 
 
 @dataclasses.dataclass(frozen=True)
-class Applied:
-    """What `apply` changed: how many Linear weights and elements, and how many elements moved."""
+class Applied(Record):
+    """What `apply` changed: how many Linear weights and elements, and how many elements moved (a
+    graph's verification figures and the weights bench hold it as JSON)."""
 
     precision: str
     linears: int
     elements: int
     changed: int  # elements whose value is not the float32 one
     max_abs_change: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def int8_scales(w: torch.Tensor) -> torch.Tensor:

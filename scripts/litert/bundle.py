@@ -19,7 +19,6 @@ import hashlib
 import json
 import mmap
 from pathlib import Path
-from typing import Any
 
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
@@ -48,18 +47,23 @@ class Merged(Record):
     shared_bytes: int  # bytes of those constants
     signatures: dict[str, int]  # bundle signature -> its subgraph index
 
-    def as_dict(self) -> dict[str, Any]:
-        """to_json under its old name, for stages/bundle.py and scripts/bench/bundle_memory.py."""
-        return self.to_json()
+
+@dataclasses.dataclass(frozen=True)
+class FileFingerprint(Record):
+    """Which converted file a part was (`fingerprint`): the bundle's metadata holds it as each graph's
+    `file`, and the release compares it with the file it would package."""
+
+    bytes: int
+    head_sha256: str
 
 
-def fingerprint(path) -> dict:
+def fingerprint(path) -> FileFingerprint:
     """Which converted file a part was: its size and the sha256 of its flatbuffer head (every tensor,
     op and buffer offset, and the metadata that names revision, form, shape and commit), read without
     its weights; what the release compares to tell a bundle made from other files (a 27.7 GB graph
     is not read again for it)."""
     head = tflite_file.read_head(path)
-    return {"bytes": Path(path).stat().st_size, "head_sha256": hashlib.sha256(head).hexdigest()}
+    return FileFingerprint(Path(path).stat().st_size, hashlib.sha256(head).hexdigest())
 
 
 def _opcode_key(code) -> tuple:
@@ -91,24 +95,32 @@ def _inline_data(buffer) -> bytes:
     return bytes(buffer.data) if buffer.data is not None else b""
 
 
-def duplicate_constants(path) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Repeats:
+    """Constants a file stores more than once (`duplicate_constants`): how many copies, and their bytes."""
+
+    buffers: int
+    bytes: int
+
+
+def duplicate_constants(path) -> Repeats:
     """Constants a written model stores more than once: read back from the file, every buffer that holds
-    data hashed, each repeat of bytes already stored counted -> {"buffers": n, "bytes": b}. What a bundle
+    data hashed, each repeat of bytes already stored counted. What a bundle
     must not hold (the point of merging is one copy of each weight), checked on the file, not on what
     `merge` meant to write."""
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
     seen: set[str] = set()
-    repeats = {"buffers": 0, "bytes": 0}
+    buffers = repeated_bytes = 0
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         for buffer in model.buffers or []:
             digest, size = _digest(buffer, mm)
             if not size:
                 continue
             if digest in seen:
-                repeats["buffers"] += 1
-                repeats["bytes"] += size
+                buffers += 1
+                repeated_bytes += size
             seen.add(digest)
-    return repeats
+    return Repeats(buffers, repeated_bytes)
 
 
 def merge(parts: list[Part], dst, meta: dict) -> Merged:

@@ -15,11 +15,12 @@ from pathlib import Path
 from scripts.checkpoint import snapshot
 from scripts.litert import tflite_file
 from scripts.pipeline import layout
+from scripts.pipeline.mappings import FileDigests
 
 GRAPHS = (layout.ROWS, layout.PAIRS, layout.BUNDLE)
 
 
-def digests(root: Path = Path(".")) -> dict[str, str]:
+def digests(root: Path = Path(".")) -> FileDigests:
     """{path: digest} of the graphs under GRAPHS and the records under results/references/."""
     out = {}
     for folder in GRAPHS:

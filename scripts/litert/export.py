@@ -13,7 +13,9 @@ contract, the params it read, the versions of torch / transformers / litert-torc
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,7 +25,11 @@ from scripts.layers.kernel_form import Form
 from scripts.litert import tflite_file, weight_storage
 from scripts.pipeline import atomic, params, provenance, quiet
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.provenance import GitState
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import model_change
+from scripts.qwen35.pair_graph import PairContract
+from scripts.qwen35.row_graph import RowContract
 
 DEFAULT_SIGNATURE = "serving_default"  # the name litert_torch.convert gives a lone signature
 
@@ -93,24 +99,52 @@ def release_export_trace() -> None:
     proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT.clear()
 
 
-def metadata(rec: SnapshotRecord, form: str, weights: str, contract: dict, shape: dict, params_used: dict) -> dict:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GraphMetadata(Record):
+    """What a converted graph says about itself (`metadata`), embedded as its METADATA_NAME entry: what
+    `clef audit` prints from the file alone. A row has L, a pair P and S."""
+
+    repo: str
+    revision: str
+    source: str
+    form: str
+    weights: str  # the precision its Linear weights are stored at
+    kind: str
+    L: int | None = optional()
+    P: int | None = optional()
+    S: int | None = optional()
+    contract_version: int
+    contract: RowContract | PairContract
+    params: dict[str, Any]  # the params.yaml values the export read
+    versions: dict[str, str | None]  # torch, transformers, litert-torch, ai-edge-litert
+    git: GitState
+
+
+def metadata(
+    rec: SnapshotRecord,
+    form: str,
+    weights: str,
+    contract: RowContract | PairContract,
+    shape: dict[str, Any],
+    params_used: dict[str, Any],
+) -> GraphMetadata:
     """What `clef audit` prints from the file alone. `shape` is {"kind": "row", "L": ..} or
     {"kind": "pair", "P": .., "S": ..}; `weights` the precision its Linear weights are stored at;
     `params_used` the params.yaml values the export read."""
     versions = provenance.package_versions()
-    return {
-        "repo": rec.repo,
-        "revision": rec.revision,
-        "source": rec.source,
-        "form": form,
-        "weights": weights,
+    return GraphMetadata(
+        repo=rec.repo,
+        revision=rec.revision,
+        source=rec.source,
+        form=form,
+        weights=weights,
         **shape,
-        "contract_version": contract["version"],
-        "contract": contract,
-        "params": params_used,
-        "versions": {k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
-        "git": provenance.git_state().to_json(),
-    }
+        contract_version=contract.version,
+        contract=contract,
+        params=params_used,
+        versions={k: versions[k] for k in ("torch", "transformers", "litert-torch", "ai-edge-litert")},
+        git=provenance.git_state(),
+    )
 
 
 def write(out: Path, raw: Path, meta: dict, applied: weight_precision.Applied) -> int:

@@ -30,7 +30,6 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -290,10 +289,6 @@ class ModeProof(Record):
     probe_error: float
     arithmetic: str
 
-    def as_dict(self) -> dict[str, Any]:
-        """to_json under its old name, for stages/verify_gpu.py."""
-        return self.to_json()
-
 
 def prove_mode(mode: str) -> ModeProof:
     """Compile the precision probe in `mode` the way every graph is compiled (the same options
@@ -334,12 +329,23 @@ def driver_info() -> str | None:
     return " / ".join(fields[k] for k in ("deviceName", "driverName", "driverInfo") if k in fields) or None
 
 
-def device(compiled: Compiled) -> dict:
+@dataclass(frozen=True)
+class GpuDevice(Record):
+    """What ran a graph (`device`): the adapter, the line Dawn's log selects it with, the Vulkan
+    driver (None without vulkan-tools), and whether it is a software one; verify_gpu's `device`."""
+
+    adapter: str
+    selected: str
+    driver: str | None
+    software: bool
+
+
+def device(compiled: Compiled) -> GpuDevice:
     """What ran a graph: the adapter Dawn selected (as its log names it) and the Vulkan driver."""
     line = next((ln for ln in compiled.log.splitlines() if "Selected adapter:" in ln), "")
-    return {
-        "adapter": compiled.adapter,
-        "selected": line.split("Selected adapter:", 1)[-1].strip(),
-        "driver": driver_info(),
-        "software": "adapterType=CPU" in line or "arch=software" in line,
-    }
+    return GpuDevice(
+        adapter=compiled.adapter,
+        selected=line.split("Selected adapter:", 1)[-1].strip(),
+        driver=driver_info(),
+        software="adapterType=CPU" in line or "arch=software" in line,
+    )

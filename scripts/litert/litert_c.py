@@ -214,6 +214,16 @@ class Signature:
     output_shapes: dict[str, list[int]]  # a name may be an input and an output, of other shapes
 
 
+Signatures = dict[str, Signature]
+"""Signature key -> the signature: what a compiled model runs."""
+
+SignatureList = dict[str, dict[str, list[str]]]
+"""Signature key -> {"inputs" | "outputs": tensor names}, as ai_edge_litert's get_signature_list gives it."""
+
+OutputDetails = dict[str, dict[str, list[int]]]
+"""Output name -> {"shape": dims}: what ai_edge_litert's get_output_tensor_details gives that its runner reads."""
+
+
 def _names(lib, sig, count_fn, name_fn) -> list[str]:
     n = _size()
     check(getattr(lib, count_fn)(sig, ctypes.byref(n)), count_fn)
@@ -334,9 +344,9 @@ class CompiledGraph:
             self.close()
             check(status, f"CreateCompiledModel {self.path.name}")
         self._compiled = compiled.value
-        self.signatures = self._signatures()
+        self.signatures: Signatures = self._signatures()
 
-    def _signatures(self) -> dict[str, Signature]:
+    def _signatures(self) -> Signatures:
         lib, from_file, self._types = library(), signature_shapes(self.path), {}
         n = _size()
         check(lib.LiteRtGetNumModelSignatures(self._model, ctypes.byref(n)), "GetNumModelSignatures")
@@ -364,7 +374,7 @@ class CompiledGraph:
     # The interface of ai_edge_litert's CompiledModel that gpu_accelerator.signature_runner uses, so
     # that one runner (its retries and its one-line failures) serves both routes.
 
-    def get_signature_list(self) -> dict[str, dict[str, list[str]]]:
+    def get_signature_list(self) -> SignatureList:
         return {k: {"inputs": list(s.inputs), "outputs": list(s.outputs)} for k, s in self.signatures.items()}
 
     def get_signature_index(self, key: str) -> int:
@@ -373,7 +383,7 @@ class CompiledGraph:
     def _signature(self, index: int) -> Signature:
         return next(s for s in self.signatures.values() if s.index == index)
 
-    def get_output_tensor_details(self, key: str) -> dict[str, dict[str, list[int]]]:
+    def get_output_tensor_details(self, key: str) -> OutputDetails:
         sig = self.signatures[key]
         return {n: {"shape": sig.output_shapes[n]} for n in sig.outputs}
 

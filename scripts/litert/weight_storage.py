@@ -21,7 +21,6 @@ import copy
 import dataclasses
 import mmap
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
@@ -48,10 +47,6 @@ class Stored(Record):
     float32_bytes: int  # the re-encoded weights' bytes as float32
     stored_bytes: int  # ... and as stored (int8: codes and scales)
     bytes: int  # the file written
-
-    def as_dict(self) -> dict[str, Any]:
-        """to_json under its old name, for scripts/bench/weights_bench.py."""
-        return self.to_json()
 
 
 def mismatch(census: dict, declared: str) -> list[str]:

@@ -18,6 +18,7 @@ import torch
 
 from scripts.checkpoint.snapshot import check_tokenizer, read_json, text_config
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import Shapes, Tensors
 from scripts.qwen35.checkpoint_layout import EMBED_TOKENS, LM_HEAD, rotary_width
 
 
@@ -151,7 +152,7 @@ class Host:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text)["input_ids"]
 
-    def record(self, ids, length: int, start: int = 0) -> dict[str, torch.Tensor]:
+    def record(self, ids, length: int, start: int = 0) -> Tensors:
         """Row graph inputs for token ids, right-padded to `length`, positions from `start`."""
         n = len(ids)
         if n == 0:
@@ -168,7 +169,7 @@ class Host:
         cos, sin = rope_tables(self.rope, self.head_dim, text_positions(start, length))
         return {"embeds": embeds, "valid": valid, "cos": cos[None], "sin": sin[None]}
 
-    def check(self, inputs: dict[str, torch.Tensor], length: int) -> int:
+    def check(self, inputs: Tensors, length: int) -> int:
         """Refuse inputs a graph of this checkpoint and length L cannot take; -> the real length."""
         return check_inputs(
             inputs["embeds"], inputs["valid"], inputs["cos"], inputs["sin"], length, self.hidden_size, self.rotary
@@ -185,7 +186,7 @@ class PairState:
     The vs scale is part of the contract: under vs<k> the recurrent states are 2^k x stock, so a
     state from one form must never be fed to a graph of another scale; the host refuses it."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], form: str, v_scale_log2: int, real_length: int):
+    def __init__(self, tensors: Tensors, form: str, v_scale_log2: int, real_length: int):
         self.tensors, self.form, self.vs, self.real_length = tensors, form, v_scale_log2, real_length
 
 
@@ -194,7 +195,7 @@ class PairRunner:
     dict of them (a torch module, or a LiteRT signature runner wrapped by `litert_signature`)."""
 
     def __init__(
-        self, host: Host, prefix_fn, suffix_fn, prefix_len: int, suffix_len: int, form: str, state_shapes: dict
+        self, host: Host, prefix_fn, suffix_fn, prefix_len: int, suffix_len: int, form: str, state_shapes: Shapes
     ):
         from scripts.layers.kernel_form import parse
 
@@ -205,12 +206,12 @@ class PairRunner:
     def prefix(self, ids) -> tuple[torch.Tensor, PairState]:
         return self.prefix_result(self.prefix_fn(**self.prefix_inputs(ids)), len(ids))
 
-    def prefix_inputs(self, ids) -> dict[str, torch.Tensor]:
+    def prefix_inputs(self, ids) -> Tensors:
         if len(ids) > self.P:
             raise ClefError(f"a prefix of {len(ids)} tokens is longer than the pair's P={self.P}")
         return self.host.record(ids, self.P)
 
-    def prefix_result(self, out: dict[str, torch.Tensor], n: int) -> tuple[torch.Tensor, PairState]:
+    def prefix_result(self, out: Tensors, n: int) -> tuple[torch.Tensor, PairState]:
         """The prefix signature's outputs for n real tokens -> (hidden [1, n, H], the state)."""
         hidden = out.pop("hidden")
         return hidden[:, :n], PairState(out, self.form, self.vs, n)
@@ -218,7 +219,7 @@ class PairRunner:
     def suffix(self, state: PairState, ids) -> torch.Tensor:
         return self.suffix_fn(**self.suffix_inputs(state, ids))["hidden"][:, : len(ids)]
 
-    def suffix_inputs(self, state: PairState, ids) -> dict[str, torch.Tensor]:
+    def suffix_inputs(self, state: PairState, ids) -> Tensors:
         if len(ids) > self.S:
             raise ClefError(f"a suffix of {len(ids)} tokens is longer than the pair's S={self.S}")
         if state.vs != self.vs:

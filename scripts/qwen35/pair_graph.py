@@ -19,15 +19,17 @@ inputs with a one-hot selection (a matmul, no GATHER op).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scripts.pipeline.mappings import Shapes, Tensors
+from scripts.pipeline.records import Record
 from scripts.qwen35.patch import clef_eager_attention
-from scripts.qwen35.row_graph import MASKED, causal_constant
+from scripts.qwen35.row_graph import MASKED, TensorSpec, causal_constant
 
 SLOTS = "attn_slots"
 
@@ -85,10 +87,10 @@ def state_names(model) -> list[str]:
     return names + [SLOTS]
 
 
-def zero_state(model, slots: int = 0) -> dict[str, torch.Tensor]:
+def zero_state(model, slots: int = 0) -> Tensors:
     """The state before any token: zeros, with `slots` empty attention slots."""
     cfg = model.config
-    state: dict[str, torch.Tensor] = {}
+    state: Tensors = {}
     for i, layer in enumerate(model.layers):
         if layer.block_type == "linear_attention":
             m = layer.linear_attn
@@ -101,9 +103,9 @@ def zero_state(model, slots: int = 0) -> dict[str, torch.Tensor]:
     return state
 
 
-def state_shapes(model, slots: int) -> dict[str, list[int]]:
+def state_shapes(model, slots: int) -> Shapes:
     """{name: shape} of the state a suffix takes after a prefix of `slots` positions."""
-    return {name: list(t.shape) for name, t in zero_state(model, slots).items()}
+    return {name: tuple(t.shape) for name, t in zero_state(model, slots).items()}
 
 
 def select_grid(model, length: int) -> torch.Tensor:
@@ -210,7 +212,41 @@ class PairSuffix(nn.Module):
         return {"hidden": hidden, **new}
 
 
-def contract(model, prefix: int, suffix: int, form: str) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class HiddenSpec(Record):
+    """The pair's `hidden` output as its contract spells it: a TensorSpec's fields with the shape last,
+    the order every pair graph's metadata has always held."""
+
+    name: str
+    dtype: str
+    meaning: str
+    shape: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureSpec(Record):
+    """What one of the pair's signatures takes and gives."""
+
+    inputs: list[TensorSpec]
+    outputs: list[HiddenSpec | TensorSpec]
+
+
+@dataclasses.dataclass(frozen=True)
+class PairContract(Record):
+    """What the pair's two signatures take and give, with the state's scale (`contract`): the model
+    file's metadata holds it as `contract`, the release manifest copies it."""
+
+    graph: str
+    version: int
+    P: int
+    S: int
+    form: str
+    recurrent_state_scale: int
+    signatures: dict[str, SignatureSpec]
+    rule: str
+
+
+def contract(model, prefix: int, suffix: int, form: str) -> PairContract:
     """What the pair's two signatures take and give, with the state's scale."""
     from scripts.layers.kernel_form import parse
     from scripts.qwen35.row_graph import CONTRACT_VERSION, rotary_width
@@ -218,20 +254,15 @@ def contract(model, prefix: int, suffix: int, form: str) -> dict[str, Any]:
     h, r = model.config.hidden_size, rotary_width(model.config)
     vs = parse(form).vs
 
-    def tokens(n, start):
+    def tokens(n, start) -> list[TensorSpec]:
         return [
-            {
-                "name": "embeds",
-                "shape": [1, n, h],
-                "dtype": "float32",
-                "meaning": "bf16 embed_tokens rows as fp32; pad rows 0",
-            },
-            {"name": "valid", "shape": [1, n], "dtype": "float32", "meaning": "1.0 = token, 0.0 = right pad"},
-            {"name": "cos", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE cos from position {start}"},
-            {"name": "sin", "shape": [1, n, r], "dtype": "float32", "meaning": f"M-RoPE sin from position {start}"},
+            TensorSpec("embeds", [1, n, h], "float32", "bf16 embed_tokens rows as fp32; pad rows 0"),
+            TensorSpec("valid", [1, n], "float32", "1.0 = token, 0.0 = right pad"),
+            TensorSpec("cos", [1, n, r], "float32", f"M-RoPE cos from position {start}"),
+            TensorSpec("sin", [1, n, r], "float32", f"M-RoPE sin from position {start}"),
         ]
 
-    def state(slots):
+    def state(slots) -> list[TensorSpec]:
         out = []
         for name, t in zero_state(model, slots).items():
             kind = name.split("_", 1)[1]
@@ -242,23 +273,24 @@ def contract(model, prefix: int, suffix: int, form: str) -> dict[str, Any]:
                 "v": "values of every slot",
                 "slots": "1.0 where a slot holds a real token (the same for every attention layer)",
             }[kind]
-            out.append({"name": name, "shape": list(t.shape), "dtype": "float32", "meaning": meaning})
+            out.append(TensorSpec(name, list(t.shape), "float32", meaning))
         return out
 
-    hidden = {"name": "hidden", "dtype": "float32", "meaning": "final-norm hidden states"}
-    return {
-        "graph": "pair",
-        "version": CONTRACT_VERSION,
-        "P": prefix,
-        "S": suffix,
-        "form": form,
-        "recurrent_state_scale": 2**vs,
-        "signatures": {
-            "prefix": {"inputs": tokens(prefix, "0"), "outputs": [{**hidden, "shape": [1, prefix, h]}] + state(prefix)},
-            "suffix": {
-                "inputs": tokens(suffix, "the prefix's real length") + state(prefix),
-                "outputs": [{**hidden, "shape": [1, suffix, h]}] + state(prefix + suffix),
-            },
+    def hidden(n) -> HiddenSpec:
+        return HiddenSpec("hidden", "float32", "final-norm hidden states", [1, n, h])
+
+    return PairContract(
+        graph="pair",
+        version=CONTRACT_VERSION,
+        P=prefix,
+        S=suffix,
+        form=form,
+        recurrent_state_scale=2**vs,
+        signatures={
+            "prefix": SignatureSpec(tokens(prefix, "0"), [hidden(prefix), *state(prefix)]),
+            "suffix": SignatureSpec(
+                tokens(suffix, "the prefix's real length") + state(prefix), [hidden(suffix), *state(prefix + suffix)]
+            ),
         },
-        "rule": "suffix(prefix(x[:p]), x[p:p+s]) equals row(x[:p+s]) at the suffix positions for p <= P, s <= S",
-    }
+        rule="suffix(prefix(x[:p]), x[p:p+s]) equals row(x[:p+s]) at the suffix positions for p <= P, s <= S",
+    )

@@ -11,11 +11,12 @@ fp16 (limit 65504), so no delegate ever sees inf - inf. The causal part is a con
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import torch
 from torch import nn
 
+from scripts.pipeline.records import Record
 from scripts.qwen35 import checkpoint_layout
 
 # 2: a pair's state carries one attn_slots for every attention layer (was one per layer)
@@ -42,54 +43,65 @@ class ClefRowPrefill(nn.Module):
         return {"hidden": hidden}
 
 
-def contract(config, length: int, form: str) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class TensorSpec(Record):
+    """One tensor a graph's signature takes or gives, as its contract declares it."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    meaning: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RowContract(Record):
+    """What the row graph takes and gives (`contract`): the model file's metadata holds it as `contract`,
+    the release manifest copies it."""
+
+    graph: str
+    version: int
+    L: int
+    form: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    attention_mask: str
+    pad_guard: str
+    state_io: str
+
+
+def contract(config, length: int, form: str) -> RowContract:
     """What the row graph takes and gives, for the release manifest and the model file's metadata."""
     h = config.hidden_size
     r = rotary_width(config)
-    return {
-        "graph": "row",
-        "version": CONTRACT_VERSION,
-        "L": length,
-        "form": form,
-        "inputs": [
-            {
-                "name": "embeds",
-                "shape": [1, length, h],
-                "dtype": "float32",
-                "meaning": "the checkpoint's bf16 embed_tokens rows widened to float32; pad rows 0",
-            },
-            {
-                "name": "valid",
-                "shape": [1, length],
-                "dtype": "float32",
-                "meaning": "1.0 on the record's tokens, 0.0 on right pads (pads only after the last token)",
-            },
-            {
-                "name": "cos",
-                "shape": [1, length, r],
-                "dtype": "float32",
-                "meaning": "M-RoPE cos table, text positions (i, i, i)",
-            },
-            {
-                "name": "sin",
-                "shape": [1, length, r],
-                "dtype": "float32",
-                "meaning": "M-RoPE sin table, text positions (i, i, i)",
-            },
+    return RowContract(
+        graph="row",
+        version=CONTRACT_VERSION,
+        L=length,
+        form=form,
+        inputs=[
+            TensorSpec(
+                "embeds",
+                [1, length, h],
+                "float32",
+                "the checkpoint's bf16 embed_tokens rows widened to float32; pad rows 0",
+            ),
+            TensorSpec(
+                "valid",
+                [1, length],
+                "float32",
+                "1.0 on the record's tokens, 0.0 on right pads (pads only after the last token)",
+            ),
+            TensorSpec("cos", [1, length, r], "float32", "M-RoPE cos table, text positions (i, i, i)"),
+            TensorSpec("sin", [1, length, r], "float32", "M-RoPE sin table, text positions (i, i, i)"),
         ],
-        "outputs": [
-            {
-                "name": "hidden",
-                "shape": [1, length, h],
-                "dtype": "float32",
-                "meaning": "last_hidden_state after the final RMSNorm, every position",
-            }
+        outputs=[
+            TensorSpec("hidden", [1, length, h], "float32", "last_hidden_state after the final RMSNorm, every position")
         ],
-        "attention_mask": "causal constant (0 / -1e4) + (1 - valid) * -1e4 on the key axis",
-        "pad_guard": "pad hidden states zeroed before the GatedDeltaNet projections, pad decay set to identity "
+        attention_mask="causal constant (0 / -1e4) + (1 - valid) * -1e4 on the key axis",
+        pad_guard="pad hidden states zeroed before the GatedDeltaNet projections, pad decay set to identity "
         "(a -> -30 before softplus), pad q/k/v zeroed after the causal conv",
-        "state_io": "none: every record starts from zero state",
-    }
+        state_io="none: every record starts from zero state",
+    )
 
 
 def rotary_width(config) -> int:

@@ -19,7 +19,7 @@ from torch import nn
 
 from scripts.checkpoint.snapshot import read_json, refuse_pickles
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.records import Record
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import checkpoint_layout
 
 PREFIX = checkpoint_layout.TEXT_PREFIX
@@ -215,14 +215,9 @@ class StackDescription(Record):
     rms_norm_eps: float
     max_position_embeddings: int
     embed_tokens: None = None  # the host's table (HOST_TENSORS): never in the stack
-    gdn_heads: GdnHeads | None = None
-    chunk_kernel: str | None = None
-    attention_heads: AttentionHeads | None = None
-
-    ABSENT_WHEN_NONE = ("gdn_heads", "chunk_kernel", "attention_heads")
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in super().to_json().items() if v is not None or k not in self.ABSENT_WHEN_NONE}
+    gdn_heads: GdnHeads | None = optional()
+    chunk_kernel: str | None = optional()
+    attention_heads: AttentionHeads | None = optional()
 
 
 def describe(model: nn.Module, cfg) -> StackDescription:

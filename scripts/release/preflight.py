@@ -76,7 +76,7 @@ def bundle_file(planned: list[PlannedGraph], rec: SnapshotRecord, form: str, wei
             f"{path}: signatures {sorted(have ^ named)} are missing or not asked for: rerun the bundle stage"
         )
     for g in planned:
-        if bundle.fingerprint(g.path) != held[g.name].get("file"):
+        if bundle.fingerprint(g.path).to_json() != held[g.name].get("file"):
             raise ClefError(f"{g.path} is not the file the bundle {path.name} was made from: rerun the bundle stage")
     if read_metrics("bundle").get("passed") is not True:
         raise ClefError(f"{path}: the bundle stage's checks did not pass; not releasing it")
