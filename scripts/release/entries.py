@@ -30,9 +30,11 @@ class HeldFile:
     signature_names: dict[str, str]
 
 
-def place_graphs(
-    graphs: list[CheckedGraph], build: Path, lock: dict, mode: str, merged: Path | None
-) -> dict[str, HeldFile]:
+GraphFiles = dict[str, HeldFile]
+"""Graph name -> the release file holding it."""
+
+
+def place_graphs(graphs: list[CheckedGraph], build: Path, lock: dict, mode: str, merged: Path | None) -> GraphFiles:
     """The graph files into the release (release.layout `bundle`: the one bundle `merged`; `files`:
     each graph's own), each hashed once -> {graph name: the file holding it}."""
     if mode == "bundle":

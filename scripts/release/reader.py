@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import Tensors
 from scripts.qwen35 import checkpoint_layout
 from scripts.release.signing import SIGNATURE
 
@@ -48,7 +49,7 @@ def tensor_sha256(t) -> str:
     return sha256_bytes(t.contiguous().view(torch.uint8).numpy().tobytes())
 
 
-def host_tables(host) -> dict:
+def host_tables(host) -> Tensors:
     """{role: tensor} of the host tables a release carries (roles as in HOST_TENSORS)."""
     return {"embed_tokens": host.embed_tokens, "lm_head": host.lm_head}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.records import Record
 
 
@@ -32,7 +33,7 @@ class ReferenceFigures(Record):
     per_position_vs_expected: list[float]  # the figure at each position (the pictures)
 
 
-def row_reference(record: dict, hidden) -> dict:
+def row_reference(record: Tensors, hidden) -> Tensors:
     """A row graph's reference record: its inputs and torch's hidden states [n, H] at its n real
     positions."""
     n = int(record["valid"].sum())
@@ -41,7 +42,7 @@ def row_reference(record: dict, hidden) -> dict:
     return {**record, "expected": hidden[None].contiguous()}
 
 
-def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_hidden) -> dict:
+def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_hidden) -> Tensors:
     """A pair's reference record: both signatures' token inputs (the first p ids in the prefix, the
     rest in the suffix), and the row graph's hidden states over the ids (`row_hidden`) at the suffix
     positions: the chaining rule the pair promises."""
@@ -53,7 +54,7 @@ def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_h
     }
 
 
-def load_reference(root: Path, name: str, arrays: bool = False) -> dict:
+def load_reference(root: Path, name: str, arrays: bool = False) -> Tensors:
     """The record `name` under `root`: torch tensors, or numpy arrays with `arrays` (no torch needed)."""
     if arrays:
         from safetensors.numpy import load_file

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import FileDigests, ForeignJson
 from scripts.pipeline.records import Record
 
 SIGNATURE = "model.sig"  # the library's own default name for a model's signature
@@ -161,7 +162,8 @@ def sign(root: Path, key_path: str | os.PathLike, name: str) -> None:
     signer.sign(signing.Payload(named)).write(root / SIGNATURE)
 
 
-def _bundle(root: Path) -> dict:
+def _bundle(root: Path) -> ForeignJson:
+    """SIGNATURE as JSON (a Sigstore bundle); {} when it is unreadable or not a JSON object."""
     try:
         bundle = json.loads((root / SIGNATURE).read_text())
         return bundle if isinstance(bundle, dict) else {}
@@ -180,7 +182,7 @@ def claimed_key(root: Path) -> str | None:
         return None
 
 
-def signed_files(root: Path) -> dict[str, str]:
+def signed_files(root: Path) -> FileDigests:
     """{path: sha256} the bundle's statement lists (trusted only once verify() has passed the signature)."""
     payload = json.loads(base64.b64decode(_bundle(root)["dsseEnvelope"]["payload"]))
     return {r["name"]: r["digest"] for r in payload["predicate"]["resources"]}
