@@ -306,7 +306,7 @@ def rehash(root: Path, names: list[str]) -> None:
         manifest["files"][name] = entry
         for art in manifest["artifacts"].values():
             if art["file"] == name:
-                art.update(sha256=entry["sha256"], md5=builder.graph_digests(root / name)["md5"])
+                art.update(sha256=entry["sha256"], md5=builder.graph_digests(root / name).md5)
     atomic.write_json(root / reader.MANIFEST, manifest)
 
 
