@@ -5,10 +5,13 @@ times), so the card, like every other file the manifest hashes, is the same on a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.mappings import ForeignJson
+
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import ForeignJson
 
 
 def gpu_precision_advice(gpus: list[dict]) -> list[str]:

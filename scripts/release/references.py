@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.records import Record
+
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import Tensors
 
 
 @dataclasses.dataclass(frozen=True)

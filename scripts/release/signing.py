@@ -17,11 +17,14 @@ import os
 import stat
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.mappings import FileDigests, ForeignJson
 from scripts.pipeline.records import Record
+
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import FileDigests, ForeignJson
 
 SIGNATURE = "model.sig"  # the library's own default name for a model's signature
 PASSWORD_ENV = "CLEF_SIGNING_KEY_PASSWORD"
