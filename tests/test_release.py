@@ -198,7 +198,7 @@ def test_make_release_output(pipeline, built):
                 measured["rel_vs_expected"],
                 measured["rel_per_position_vs_expected"],
             )
-            == (rerun["rel_vs_expected"], rerun["rel_per_position_vs_expected"])
+            == (rerun.rel_vs_expected, rerun.rel_per_position_vs_expected)
         ), path
         for sig in art["signatures"].values():
             assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])

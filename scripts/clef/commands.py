@@ -425,11 +425,12 @@ def verify_directory(root: Path, args) -> int:
             ref = art["reference"]
             records[name] = references.load_reference(root, ref["file"], arrays=True)  # no torch needed
             measured = references.run_reference(root / file, art["kind"], records[name], names=art["signature_names"])
-            found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
+            figures = measured.to_json()
+            found = reader.reference_problems(figures, ref) + reader.drift_problems(figures, ref)
             report.graph(name).update(
                 file=file,
-                max_rel=measured["rel_vs_expected"],
-                max_rel_per_position=measured["rel_per_position_vs_expected"],
+                max_rel=measured.rel_vs_expected,
+                max_rel_per_position=measured.rel_per_position_vs_expected,
                 release_max_rel=ref["max_rel"],
                 release_max_rel_per_position=ref["max_rel_per_position"],
                 threshold=ref["threshold"],
@@ -437,8 +438,8 @@ def verify_directory(root: Path, args) -> int:
                 passed=not found,
             )
             report.say(
-                f"{'FAIL' if found else 'ok  '} {name}: max rel {measured['rel_vs_expected']:.2e}, per position "
-                f"{measured['rel_per_position_vs_expected']:.2e} vs the release's {ref['max_rel']:.2e}, "
+                f"{'FAIL' if found else 'ok  '} {name}: max rel {measured.rel_vs_expected:.2e}, per position "
+                f"{measured.rel_per_position_vs_expected:.2e} vs the release's {ref['max_rel']:.2e}, "
                 f"{ref['max_rel_per_position']:.2e} (thresholds {ref['threshold']:g}, "
                 f"{ref['threshold_per_position']:g}; "
                 f"at most {ref['max_over_recorded']:g}x the release's)"
@@ -481,13 +482,15 @@ def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict, report: R
     return problems
 
 
-def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled, report: Report) -> list[str]:
+def gpu_figures(
+    name: str, art: dict, mode: str, figures: references.ReferenceResult, compiled, report: Report
+) -> list[str]:
     """One graph's reference record error in one GPU mode, printed beside the release's; -> problems."""
     ref, gpu = art["reference"], art.get("gpu") or {}
     at_release = (gpu.get("modes") or {}).get(mode)
-    measured = figures["rel_vs_expected"]
+    measured = figures.rel_vs_expected
     if mode == "fp32":
-        ok = not reader.reference_problems(figures, ref)
+        ok = not reader.reference_problems(figures.to_json(), ref)
         recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
         bound = f"thresholds {ref['threshold']:g}, per position {ref.get('threshold_per_position', float('nan')):g}"
     else:
@@ -501,7 +504,7 @@ def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled, report
         bound = "finite"
     report.graph(name).setdefault("gpu", {})[mode] = {
         "max_rel": measured,
-        "max_rel_per_position": figures.get("rel_per_position_vs_expected"),
+        "max_rel_per_position": figures.rel_per_position_vs_expected,
         "adapter": compiled.adapter,
         "fully_accelerated": compiled.fully_accelerated,
         "passed": bool(ok and compiled.fully_accelerated),

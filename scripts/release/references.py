@@ -36,6 +36,16 @@ class ReferenceFigures(Record):
     per_position_vs_expected: list[float]  # the figure at each position (the pictures)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReferenceResult(Record):
+    """A reference record run through a graph (reference_error): its error against the stored
+    expectation, global, at the worst position and at each position (scripts/checks/compare.py)."""
+
+    rel_vs_expected: float
+    rel_per_position_vs_expected: float
+    per_position_vs_expected: list[float]
+
+
 def row_reference(record: Tensors, hidden) -> Tensors:
     """A row graph's reference record: its inputs and torch's hidden states [n, H] at its n real
     positions."""
@@ -72,7 +82,7 @@ def float32(v):
     return v.astype(np.float32) if isinstance(v, np.ndarray) else v.float()
 
 
-def reference_error(signature, kind: str, record: dict) -> dict:
+def reference_error(signature, kind: str, record: Tensors) -> ReferenceResult:
     """Run a reference record through a graph's signatures; -> its error against the stored
     expectation, global and per position (scripts/checks/compare.py: rel_vs_expected,
     rel_per_position_vs_expected, inf if an output is not finite). `signature(name)` gives a signature
@@ -92,10 +102,12 @@ def reference_error(signature, kind: str, record: dict) -> dict:
         out = signature("suffix")(**tokens, **state)["hidden"]
     else:
         raise ClefError(f"unknown artifact kind {kind!r}")
-    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected, curve=True)
+    return ReferenceResult(**compare.figures("vs_expected", out[:, : expected.shape[1]], expected, curve=True))
 
 
-def run_reference(path: Path, kind: str, record: dict, threads: int | None = None, names: dict | None = None) -> dict:
+def run_reference(
+    path: Path, kind: str, record: Tensors, threads: int | None = None, names: dict[str, str] | None = None
+) -> ReferenceResult:
     """reference_error in the LiteRT interpreter; `names`: the graph's signatures are these in the file
     (a bundle's: renamed). A record of numpy arrays runs without torch."""
     from scripts.litert.cpu_graph import CpuGraph
@@ -141,7 +153,7 @@ def measure(graph_path: Path, kind: str, graph) -> ReferenceFigures:
     path = layout.reference_path(graph_path)
     record = load_reference(path.parent, path.name)
     error = reference_error(interpreter_signature(graph), kind, record)
-    figures = ReferenceFigures.from_json({"record_sha256": snapshot.sha256_file(path), **error}, str(path))
+    figures = ReferenceFigures(snapshot.sha256_file(path), **error.to_json())
     atomic.write_json(layout.reference_figures_path(graph_path), figures.to_json())
     return figures
 
