@@ -55,6 +55,24 @@ def test_clef_verify_json_keeps_a_nan_figure():
     }
 
 
+def test_clef_verify_json_writes_each_graphs_verdict_and_its_gpu_modes_after_it(capsys):
+    """`--json`'s graphs: the interpreter's figures and bounds, then (--gpu) each mode in the order run;
+    a graph not run on the GPU has no `gpu` key."""
+    from scripts.clef.commands import GpuVerdict, GraphVerdict, Report
+
+    report = Report(as_json=True)
+    for name in ("row_L64", "pair_P64_S64"):
+        report.graphs[name] = GraphVerdict("bundle/b.tflite", 1e-6, 2e-6, 1e-6, 2e-6, 1e-4, None, True)
+    for mode in ("fp32", "fp16"):
+        report.gpu("row_L64", mode, GpuVerdict(float("nan"), 1e-3, "a GPU", True, False))
+    assert report.finish(["row_L64: GPU fp16"], "1 problem") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc) == ["signature", "graphs", "passed", "problems", "summary"]
+    row, pair = doc["graphs"]["row_L64"], doc["graphs"]["pair_P64_S64"]
+    assert list(row) == [*pair, "gpu"] and list(pair)[-1] == "passed" and pair["threshold_per_position"] is None
+    assert list(row["gpu"]) == ["fp32", "fp16"] and row["gpu"]["fp16"]["max_rel"] == "nan"
+
+
 def test_clef_verify_takes_the_tarball_a_device_team_receives(built, tmp_path):
     """The release's .tar.zst, unpacked beside itself, verified as the directory is, then removed: in a
     device team's venv, with torch, transformers and litert-torch unimportable (the records run as numpy
@@ -306,7 +324,7 @@ def rehash(root: Path, names: list[str]) -> None:
         manifest["files"][name] = entry
         for art in manifest["artifacts"].values():
             if art["file"] == name:
-                art.update(sha256=entry["sha256"], md5=builder.graph_digests(root / name)["md5"])
+                art.update(sha256=entry["sha256"], md5=builder.graph_digests(root / name).md5)
     atomic.write_json(root / reader.MANIFEST, manifest)
 
 

@@ -268,11 +268,11 @@ def test_clef_verify_fails_on_nan(patched):
         expected = ClefRowPrefill(model, 64)(**inputs)["hidden"][:, :20]
     record = {**inputs, "expected": expected}
     graph = ClefRowPrefill(model, 64).eval()
-    figures = references.reference_error(lambda name: torch_fn(graph, poison=True), "row", record)
+    figures = references.reference_error(lambda name: torch_fn(graph, poison=True), "row", record).to_json()
     lines = reader.reference_problems(figures, {"threshold": 1e-4, "threshold_per_position": 1e-4})
     assert lines == [
         "rel_vs_expected is inf (NaN or inf in the output)",
         "rel_per_position_vs_expected is inf (NaN or inf in the output)",
     ]
     good = references.reference_error(lambda name: torch_fn(graph), "row", record)
-    assert reader.reference_problems(good, {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []
+    assert reader.reference_problems(good.to_json(), {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []

@@ -25,7 +25,11 @@ def small_release(root: Path) -> dict:
     (root / "rows" / "a.tflite").write_bytes(bytes(range(256)) * 4)
     (root / "host").mkdir()
     (root / "host" / "config.json").write_text("{}")
-    manifest = {"format": reader.FORMAT, "artifacts": {}, "files": builder.file_table(root)}
+    manifest = {
+        "format": reader.FORMAT,
+        "artifacts": {},
+        "files": {k: e.to_json() for k, e in builder.file_table(root).items()},
+    }
     atomic.write_json(root / reader.MANIFEST, manifest)
     return manifest
 
@@ -92,7 +96,7 @@ def test_signatures_take_shapes_from_the_file_and_meaning_from_the_contract():
         "inputs": [{"name": "x", "shape": [1, 999], "meaning": "the input"}],
         "outputs": [{"name": "hidden", "meaning": "the output"}],
     }
-    sig = builder.signatures(census, contract)["serving_default"]
+    sig = builder.signatures(census, contract)["serving_default"].to_json()
     assert sig["inputs"] == [{"name": "x", "shape": [1, 4], "dtype": "float32", "meaning": "the input"}]
     assert sig["outputs"][0]["meaning"] == "the output"
 
@@ -113,7 +117,7 @@ def test_lock_stages_reads_the_stages_upstream_of_the_release_only(tmp_path):
     )
     stages = builder.lock_stages(tmp_path / "dvc.lock", pipeline=tmp_path / "dvc.yaml")
     assert list(stages) == ["export@64", "fetch"]  # fetch through export's dep on hf
-    assert stages["export@64"]["outs"] == {"artifacts/rows/row_L64.tflite": "bbb"}
+    assert stages["export@64"].outs == {"artifacts/rows/row_L64.tflite": "bbb"}
     assert builder.lock_stages(tmp_path / "absent.lock", pipeline=tmp_path / "dvc.yaml") == {}
 
 
@@ -194,7 +198,7 @@ def test_make_release_output(pipeline, built):
                 measured["rel_vs_expected"],
                 measured["rel_per_position_vs_expected"],
             )
-            == (rerun["rel_vs_expected"], rerun["rel_per_position_vs_expected"])
+            == (rerun.rel_vs_expected, rerun.rel_per_position_vs_expected)
         ), path
         for sig in art["signatures"].values():
             assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])

@@ -6,7 +6,7 @@ import json
 
 from scripts.pipeline import layout
 from scripts.release import assemble, reader
-from scripts.release.entries import HeldFile
+from scripts.release.entries import HeldFile, StageOutput
 
 
 def test_the_bundle_entry_sums_identity_per_accelerator(tmp_path, monkeypatch):
@@ -19,7 +19,7 @@ def test_the_bundle_entry_sums_identity_per_accelerator(tmp_path, monkeypatch):
     ]
     layout.result_path("bundle").parent.mkdir(parents=True)
     layout.result_path("bundle").write_text(json.dumps(doc))
-    held = HeldFile("bundle/b.tflite", "ab" * 32, "cd" * 16, 10, {"stage": "bundle", "md5": None}, {})
+    held = HeldFile("bundle/b.tflite", "ab" * 32, "cd" * 16, 10, StageOutput("bundle", None), {})
     entry = assemble.bundle_section(held).to_json()
     assert list(entry) == [
         "file",

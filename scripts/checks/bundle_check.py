@@ -66,7 +66,7 @@ def run_record(signature, kind: str, record: dict) -> tuple[dict, dict]:
 
         return run
 
-    return references.reference_error(capturing, kind, record), outputs
+    return references.reference_error(capturing, kind, record).to_json(), outputs
 
 
 def difference(bundle: dict[str, torch.Tensor], file: dict[str, torch.Tensor]) -> dict[str, bool | float | int | str]:

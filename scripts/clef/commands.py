@@ -6,10 +6,11 @@ import contextlib
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record, optional
 from scripts.release import reader, references, signing
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
@@ -260,26 +261,59 @@ def run(args) -> int:
 # ---- verify ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class GpuVerdict(Record):
+    """A graph's reference record in one GPU mode, as `clef verify --json` reports it: its error, the
+    adapter that ran it, whether every op ran there, and whether it passed."""
+
+    max_rel: float
+    max_rel_per_position: float
+    adapter: str
+    fully_accelerated: bool
+    passed: bool
+
+
+@dataclass(frozen=True)
+class GraphVerdict(Record):
+    """A graph as `clef verify --json` reports it: the file holding it, its reference record's error in
+    the interpreter beside the release's figures and bounds, whether it passed, and (--gpu) each mode's."""
+
+    file: str
+    max_rel: float
+    max_rel_per_position: float
+    release_max_rel: float
+    release_max_rel_per_position: float
+    threshold: float
+    threshold_per_position: float | None
+    passed: bool
+    gpu: dict[str, GpuVerdict] | None = optional()
+
+
 @dataclass
 class Report:
     """What `clef verify` finds: a line per check for people and, with --json, one JSON document on stdout
     (the lines then go to stderr). `doc` holds the signature's state, each graph's figures beside the
-    release's, and the problems; a figure that is not finite is written as the string "nan" or "inf"."""
+    release's (`graphs`, written under the doc's `graphs`), and the problems; a figure that is not finite is
+    written as the string "nan" or "inf"."""
 
     as_json: bool = False
     doc: dict = field(default_factory=lambda: {"signature": None, "graphs": {}})
+    graphs: dict[str, GraphVerdict] = field(default_factory=dict)
 
     def say(self, line: str) -> None:
         print(line, file=sys.stderr if self.as_json else sys.stdout, flush=True)
 
-    def graph(self, name: str) -> dict:
-        return self.doc["graphs"].setdefault(name, {})
+    def gpu(self, name: str, mode: str, verdict: GpuVerdict) -> None:
+        """Graph `name`'s verdict in GPU mode `mode`, beside its interpreter figures."""
+        graph = self.graphs[name]
+        self.graphs[name] = replace(graph, gpu={**(graph.gpu or {}), mode: verdict})
 
     def finish(self, problems: list[str], summary: str) -> int:
         """Print the problems and the summary line (and the JSON document); -> the exit status."""
         for line in problems:
             self.say(f"FAIL {line}")
         self.say(f"verify: {summary}")
+        self.doc["graphs"] = {name: graph.to_json() for name, graph in self.graphs.items()}
         self.doc.update(passed=not problems, problems=problems, summary=summary)
         if self.as_json:
             print(json.dumps(_finite_json(self.doc), indent=1))
@@ -425,11 +459,12 @@ def verify_directory(root: Path, args) -> int:
             ref = art["reference"]
             records[name] = references.load_reference(root, ref["file"], arrays=True)  # no torch needed
             measured = references.run_reference(root / file, art["kind"], records[name], names=art["signature_names"])
-            found = reader.reference_problems(measured, ref) + reader.drift_problems(measured, ref)
-            report.graph(name).update(
+            figures = measured.to_json()
+            found = reader.reference_problems(figures, ref) + reader.drift_problems(figures, ref)
+            report.graphs[name] = GraphVerdict(
                 file=file,
-                max_rel=measured["rel_vs_expected"],
-                max_rel_per_position=measured["rel_per_position_vs_expected"],
+                max_rel=measured.rel_vs_expected,
+                max_rel_per_position=measured.rel_per_position_vs_expected,
                 release_max_rel=ref["max_rel"],
                 release_max_rel_per_position=ref["max_rel_per_position"],
                 threshold=ref["threshold"],
@@ -437,8 +472,8 @@ def verify_directory(root: Path, args) -> int:
                 passed=not found,
             )
             report.say(
-                f"{'FAIL' if found else 'ok  '} {name}: max rel {measured['rel_vs_expected']:.2e}, per position "
-                f"{measured['rel_per_position_vs_expected']:.2e} vs the release's {ref['max_rel']:.2e}, "
+                f"{'FAIL' if found else 'ok  '} {name}: max rel {measured.rel_vs_expected:.2e}, per position "
+                f"{measured.rel_per_position_vs_expected:.2e} vs the release's {ref['max_rel']:.2e}, "
                 f"{ref['max_rel_per_position']:.2e} (thresholds {ref['threshold']:g}, "
                 f"{ref['threshold_per_position']:g}; "
                 f"at most {ref['max_over_recorded']:g}x the release's)"
@@ -481,13 +516,15 @@ def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict, report: R
     return problems
 
 
-def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled, report: Report) -> list[str]:
+def gpu_figures(
+    name: str, art: dict, mode: str, figures: references.ReferenceResult, compiled, report: Report
+) -> list[str]:
     """One graph's reference record error in one GPU mode, printed beside the release's; -> problems."""
     ref, gpu = art["reference"], art.get("gpu") or {}
     at_release = (gpu.get("modes") or {}).get(mode)
-    measured = figures["rel_vs_expected"]
+    measured = figures.rel_vs_expected
     if mode == "fp32":
-        ok = not reader.reference_problems(figures, ref)
+        ok = not reader.reference_problems(figures.to_json(), ref)
         recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
         bound = f"thresholds {ref['threshold']:g}, per position {ref.get('threshold_per_position', float('nan')):g}"
     else:
@@ -499,13 +536,17 @@ def gpu_figures(name: str, art: dict, mode: str, figures: dict, compiled, report
             else "not measured at release"
         )
         bound = "finite"
-    report.graph(name).setdefault("gpu", {})[mode] = {
-        "max_rel": measured,
-        "max_rel_per_position": figures.get("rel_per_position_vs_expected"),
-        "adapter": compiled.adapter,
-        "fully_accelerated": compiled.fully_accelerated,
-        "passed": bool(ok and compiled.fully_accelerated),
-    }
+    report.gpu(
+        name,
+        mode,
+        GpuVerdict(
+            measured,
+            figures.rel_per_position_vs_expected,
+            compiled.adapter,
+            compiled.fully_accelerated,
+            bool(ok and compiled.fully_accelerated),
+        ),
+    )
     report.say(
         f"{'ok  ' if ok else 'FAIL'} {name}: GPU {mode} on {compiled.adapter}: max rel vs expected {measured:.2e} "
         f"({recorded}; {bound}; fully accelerated {compiled.fully_accelerated})"

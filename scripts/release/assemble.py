@@ -17,23 +17,20 @@ from scripts.pipeline import atomic, layout, pictures, provenance
 from scripts.pipeline.records import Record
 from scripts.qwen35.host import Host
 from scripts.release import builder, card, entries, reader, signing
-from scripts.release.builder import HostSection
+from scripts.release.builder import FileTable, HostSection, LockedStages
 from scripts.release.entries import HeldFile
 from scripts.release.preflight import CheckedGraph
 from scripts.release.signing import Signed, Unsigned
 
 PICTURES = "pictures"  # the card's charts, in the release (scripts/pipeline/pictures.py)
 
-# What the manifest's `bundle` entry carries over from the bundle stage's results/bundle.json.
-BUNDLE_FIGURES = (
-    "signatures",
-    "sharing",
-    "largest_graph",
-    "bytes_over_graph",
-    "duplicate_constants",
-    "memory",
-    "census",
-)
+CARRIED = "carried"
+
+
+def carried():
+    """A field of the manifest's `bundle` entry carried over as it is from the bundle stage's
+    results/bundle.json (BUNDLE_FIGURES)."""
+    return dataclasses.field(metadata={CARRIED: True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,16 +42,20 @@ class BundleSection(Record):
     file: str
     bytes: int
     sha256: str
-    signatures: dict
-    sharing: dict
-    largest_graph: dict
-    bytes_over_graph: int
-    duplicate_constants: dict
-    memory: dict
-    census: dict
+    signatures: dict = carried()
+    sharing: dict = carried()
+    largest_graph: dict = carried()
+    bytes_over_graph: int = carried()
+    duplicate_constants: dict = carried()
+    memory: dict = carried()
+    census: dict = carried()
     identity_vs_own_file: dict
     gpu_checked: bool
     gpu_not_checked_why: str | None
+
+
+# What the manifest's `bundle` entry carries over from the bundle stage's results/bundle.json.
+BUNDLE_FIGURES = tuple(f.name for f in dataclasses.fields(BundleSection) if f.metadata.get(CARRIED))
 
 
 def bundle_section(held: HeldFile) -> BundleSection:
@@ -109,8 +110,8 @@ class Manifest(Record):
     host: HostSection
     artifacts: dict[str, dict]
     verification: dict[str, dict]
-    stages: dict
-    files: dict[str, dict]
+    stages: LockedStages
+    files: FileTable
     signing: Signed | Unsigned
 
 

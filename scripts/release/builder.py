@@ -18,6 +18,7 @@ from pathlib import Path
 
 from scripts.checkpoint.snapshot import file_digests, sha256_file
 from scripts.pipeline import atomic, params
+from scripts.pipeline.mappings import FileDigests, ForeignJson
 from scripts.pipeline.records import Record
 from scripts.release.reader import HOST_TENSORS, HOST_WEIGHTS, MANIFEST, host_tables, tensor_sha256
 
@@ -90,9 +91,28 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> HostSection:
     return HostSection(mode, tensors, HOST_WEIGHTS if mode == "include" else None)
 
 
-def signatures(census: dict, contract: dict) -> dict:
-    """Each signature's inputs and outputs as the file has them (name, shape, dtype), with the
-    contract's meaning beside each; the file is the authority on shapes, the contract on meaning."""
+@dataclasses.dataclass(frozen=True)
+class SignatureTensor(Record):
+    """One input or output of a signature as the file has it (tflite_file.census: name, shape, dtype),
+    with the contract's meaning (None where the contract gives none)."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    meaning: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureTensors(Record):
+    """A signature's inputs and outputs (each by name), the manifest's `signatures` entry for it."""
+
+    inputs: list[SignatureTensor]
+    outputs: list[SignatureTensor]
+
+
+def signatures(census: dict, contract: dict) -> dict[str, SignatureTensors]:
+    """{signature name: its inputs and outputs as the file has them (name, shape, dtype), with the
+    contract's meaning beside each}; the file is the authority on shapes, the contract on meaning."""
     declared = contract.get("signatures") or {
         "serving_default": {"inputs": contract["inputs"], "outputs": contract["outputs"]}
     }
@@ -101,14 +121,36 @@ def signatures(census: dict, contract: dict) -> dict:
         meanings = {
             e["name"]: e["meaning"] for side in ("inputs", "outputs") for e in declared.get(sig, {}).get(side, [])
         }
-        out[sig] = {
-            side: [{**e, "meaning": meanings.get(e["name"])} for e in sorted(io_[side], key=lambda e: e["name"])]
-            for side in ("inputs", "outputs")
-        }
+        out[sig] = SignatureTensors(
+            *(
+                [
+                    SignatureTensor(**e, meaning=meanings.get(e["name"]))
+                    for e in sorted(io_[side], key=lambda e: e["name"])
+                ]
+                for side in ("inputs", "outputs")
+            )
+        )
     return out
 
 
-def lock_stages(path: Path = Path("dvc.lock"), stage: str = "release", pipeline: Path = Path("dvc.yaml")) -> dict:
+@dataclasses.dataclass(frozen=True)
+class LockedStage(Record):
+    """A stage's dvc.lock entry as the manifest's `stages` records it: its command, the md5 of each
+    dependency and output by path (None where dvc.lock has none), and its params as dvc.lock holds them."""
+
+    cmd: str | None
+    deps: dict[str, str | None]
+    outs: dict[str, str | None]
+    params: ForeignJson
+
+
+LockedStages = dict[str, LockedStage]
+"""Stage name -> its dvc.lock entry."""
+
+
+def lock_stages(
+    path: Path = Path("dvc.lock"), stage: str = "release", pipeline: Path = Path("dvc.yaml")
+) -> LockedStages:
     """The dvc.lock entries of the stages `stage` depends on, transitively, as {stage: {cmd, deps, outs,
     params}} with md5 per path: what produced its inputs, and nothing downstream or beside it (a stage
     that reran after it, `latency` say, would otherwise be recorded at hashes it never saw). Read, not
@@ -141,33 +183,48 @@ def lock_stages(path: Path = Path("dvc.lock"), stage: str = "release", pipeline:
         upstream |= found
         wanted |= {d for name in found for d in hashes(stages[name].get("deps"))}
     return {
-        name: {
-            "cmd": st.get("cmd"),
-            "deps": hashes(st.get("deps")),
-            "outs": hashes(st.get("outs")),
-            "params": st.get("params", {}),
-        }
+        name: LockedStage(st.get("cmd"), hashes(st.get("deps")), hashes(st.get("outs")), st.get("params", {}))
         for name, st in sorted(stages.items())
         if name in upstream
     }
 
 
-def file_table(root: Path, known: dict[str, str] | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class FileEntry(Record):
+    """A release file's `files` entry in the manifest: its sha256 and size in bytes."""
+
+    sha256: str
+    size: int
+
+
+FileTable = dict[str, FileEntry]
+"""A release file's path (relative to the release) -> its entry."""
+
+
+def file_table(root: Path, known: FileDigests | None = None) -> FileTable:
     """{relative path: {sha256, size}} of every file under root except the manifest; `known`:
     {relative path: sha256} of files this build hashed already (the graphs and their reference
     records), not read again."""
     known = known or {}
     return {
-        rel: {"sha256": known.get(rel) or sha256_file(f), "size": f.stat().st_size}
+        rel: FileEntry(known.get(rel) or sha256_file(f), f.stat().st_size)
         for f in sorted(root.rglob("*"))
         if f.is_file() and (rel := str(f.relative_to(root))) != MANIFEST
     }
 
 
-def graph_digests(path: Path) -> dict[str, str]:
-    """A graph's sha256 (the manifest's integrity hash) and md5 (the hash DVC records for it in
-    dvc.lock, which ties the release back to the stage that made it), from one read."""
-    return file_digests(path, ("sha256", "md5"))
+@dataclasses.dataclass(frozen=True)
+class GraphDigests:
+    """A graph file's sha256 (the manifest's integrity hash) and md5 (the hash DVC records for it in
+    dvc.lock, which ties the release back to the stage that made it)."""
+
+    sha256: str
+    md5: str
+
+
+def graph_digests(path: Path) -> GraphDigests:
+    """A graph's GraphDigests, from one read."""
+    return GraphDigests(**file_digests(path, ("sha256", "md5")))
 
 
 # zstd level 1: a release is mostly fp32 weights widened from bf16; on a real-width graph level 1

@@ -5,9 +5,13 @@ times), so the card, like every other file the manifest hashes, is the same on a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.pipeline.errors import ClefError
+
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import ForeignJson
 
 
 def gpu_precision_advice(gpus: list[dict]) -> list[str]:
@@ -105,7 +109,7 @@ WEIGHTS_SAID = {
 CARRIED = ("license", "license_name", "license_link")
 
 
-def checkpoint_card(snapshot: Path) -> dict:
+def checkpoint_card(snapshot: Path) -> ForeignJson:
     """The front matter of the checkpoint's own model card (the snapshot's README.md, as the hub keeps it);
     {} when the snapshot has no card or the card none. Front matter that is not YAML is refused, naming
     the file: a license silently dropped would be worse than a release not built."""

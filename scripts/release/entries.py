@@ -18,6 +18,15 @@ from scripts.release.preflight import CheckedGraph, read_metrics
 
 
 @dataclasses.dataclass(frozen=True)
+class StageOutput(Record):
+    """The manifest's `dvc_lock` entry of a graph: the dvc.lock stage that made its file and the md5 it
+    records for it (None where dvc.lock has none)."""
+
+    stage: str | None
+    md5: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class HeldFile:
     """The release file holding a graph: its release path, digests and size, the dvc.lock stage and
     md5 that produced it, and the graph's signature names in it."""
@@ -26,33 +35,40 @@ class HeldFile:
     sha256: str
     md5: str
     bytes: int
-    dvc_lock: dict
+    dvc_lock: StageOutput
     signature_names: dict[str, str]
 
 
+GraphFiles = dict[str, HeldFile]
+"""Graph name -> the release file holding it."""
+
+
 def place_graphs(
-    graphs: list[CheckedGraph], build: Path, lock: dict, mode: str, merged: Path | None
-) -> dict[str, HeldFile]:
+    graphs: list[CheckedGraph], build: Path, lock: builder.LockedStages, mode: str, merged: Path | None
+) -> GraphFiles:
     """The graph files into the release (release.layout `bundle`: the one bundle `merged`; `files`:
     each graph's own), each hashed once -> {graph name: the file holding it}."""
     if mode == "bundle":
         rel = f"bundle/{merged.name}"
         builder.place(merged, build / rel)
-        dvc_lock = {"stage": "bundle", "md5": lock.get("bundle", {}).get("outs", {}).get(str(layout.BUNDLE))}
+        dvc_lock = StageOutput("bundle", lock["bundle"].outs.get(str(layout.BUNDLE)) if "bundle" in lock else None)
         size = (build / rel).stat().st_size
-        held = HeldFile(rel, **builder.graph_digests(build / rel), bytes=size, dvc_lock=dvc_lock, signature_names={})
+        digests = builder.graph_digests(build / rel)
+        held = HeldFile(rel, digests.sha256, digests.md5, size, dvc_lock, signature_names={})
         return {c.graph.name: dataclasses.replace(held, signature_names=c.graph.signatures) for c in graphs}
     holders = {}
     for c in graphs:
         path = c.graph.path
         rel = f"{c.graph.kind}s/{path.name}"
         builder.place(path, build / rel)
-        stage = next((n for n, st in lock.items() if str(path) in st["outs"]), None)
+        stage = next((n for n, st in lock.items() if str(path) in st.outs), None)
+        digests = builder.graph_digests(build / rel)
         holders[c.graph.name] = HeldFile(
             rel,
-            **builder.graph_digests(build / rel),
+            digests.sha256,
+            digests.md5,
             bytes=(build / rel).stat().st_size,
-            dvc_lock={"stage": stage, "md5": lock[stage]["outs"][str(path)] if stage else None},
+            dvc_lock=StageOutput(stage, lock[stage].outs[str(path)] if stage else None),
             signature_names={k: k for k in c.census["signatures"]},
         )
     return holders
@@ -160,8 +176,8 @@ def artifact_entry(
         "sha256": held.sha256,
         "bytes": held.bytes,
         "md5": held.md5,
-        "dvc_lock": held.dvc_lock,
-        "signatures": builder.signatures(c.census, contract),
+        "dvc_lock": held.dvc_lock.to_json(),
+        "signatures": {k: v.to_json() for k, v in builder.signatures(c.census, contract).items()},
         "census": {k: c.census[k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
         "metadata": {k: v for k, v in c.metadata.items() if k != "contract"},
         "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},

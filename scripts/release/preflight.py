@@ -15,6 +15,7 @@ from scripts.litert import bundle, tflite_file
 from scripts.pipeline import layout
 from scripts.pipeline.errors import ClefError
 from scripts.release.plan import PlannedGraph
+from scripts.release.reader import GraphIdentity
 
 # The checks of the whole model (not of one graph) a release vouches for: the manifest's `verification`.
 OVERALL = ("kernel", "layers", "model", "stack", "kernel_bench", "export_bench")
@@ -42,9 +43,9 @@ def graphs(planned: list[PlannedGraph], rec: SnapshotRecord, form: str, weights:
         path = layout.require(g.path)
         layout.require(layout.reference_path(path))
         layout.require(layout.reference_figures_path(path))
-        want = {"revision": rec.revision, "form": form, "weights": weights, "kind": g.kind, **g.shape}
+        want = GraphIdentity(rec.revision, form, weights, g.kind, **g.shape)
         meta = tflite_file.read_metadata(path)
-        bad = tflite_file.metadata_mismatches(meta, want)
+        bad = tflite_file.metadata_mismatches(meta, want.to_json())
         if bad:
             raise ClefError(f"{g.path}: metadata {'; '.join(bad)}; rerun its export stage")
         for check in g.checks:

@@ -11,14 +11,20 @@ output, held to the threshold the manifest promises), and, when signed, model.si
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import checkpoint_layout
 from scripts.release.signing import SIGNATURE
+
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import Tensors
 
 # 2: `signing`, and `max_over_recorded` in every reference entry; 3: `artifacts` keyed by graph name, each
 # naming the `file` that holds it and its `signature_names` there (a bundle holds them all), `layout`, `bundle`
@@ -48,7 +54,7 @@ def tensor_sha256(t) -> str:
     return sha256_bytes(t.contiguous().view(torch.uint8).numpy().tobytes())
 
 
-def host_tables(host) -> dict:
+def host_tables(host) -> Tensors:
     """{role: tensor} of the host tables a release carries (roles as in HOST_TENSORS)."""
     return {"embed_tokens": host.embed_tokens, "lm_head": host.lm_head}
 
@@ -120,20 +126,30 @@ def metadata_problems(meta: dict | None, manifest: dict, name: str) -> list[str]
     manifest's entry for it: the one comparison clef verify, clef audit and clef run make."""
     from scripts.litert import tflite_file
 
-    return tflite_file.metadata_mismatches(
-        graph_metadata(meta, name), expected_metadata(manifest, manifest["artifacts"][name])
+    expected = expected_metadata(manifest, manifest["artifacts"][name])
+    return tflite_file.metadata_mismatches(graph_metadata(meta, name), expected.to_json())
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphIdentity(Record):
+    """What a graph must say of itself in its metadata (tflite_file.read_metadata): the checkpoint's
+    revision, the form and weights, its kind and its shape (L for a row, P and S for a pair)."""
+
+    revision: str
+    form: str
+    weights: str
+    kind: str
+    L: int | None = optional()
+    P: int | None = optional()
+    S: int | None = optional()
+
+
+def expected_metadata(manifest: dict, artifact: dict) -> GraphIdentity:
+    """What a release's graph must say of itself given its manifest entry."""
+    shape = {k: artifact[k] for k in ("L", "P", "S") if k in artifact}
+    return GraphIdentity(
+        manifest["model"]["revision"], manifest["form"], manifest["weights"], artifact["kind"], **shape
     )
-
-
-def expected_metadata(manifest: dict, artifact: dict) -> dict:
-    """What a release's graph must say of itself (tflite_file.read_metadata) given its manifest entry."""
-    return {
-        "revision": manifest["model"]["revision"],
-        "form": manifest["form"],
-        "weights": manifest["weights"],
-        "kind": artifact["kind"],
-        **{k: artifact[k] for k in ("L", "P", "S") if k in artifact},
-    }
 
 
 def json_kind(value) -> str:

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record
+
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import Tensors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +36,17 @@ class ReferenceFigures(Record):
     per_position_vs_expected: list[float]  # the figure at each position (the pictures)
 
 
-def row_reference(record: dict, hidden) -> dict:
+@dataclasses.dataclass(frozen=True)
+class ReferenceResult(Record):
+    """A reference record run through a graph (reference_error): its error against the stored
+    expectation, global, at the worst position and at each position (scripts/checks/compare.py)."""
+
+    rel_vs_expected: float
+    rel_per_position_vs_expected: float
+    per_position_vs_expected: list[float]
+
+
+def row_reference(record: Tensors, hidden) -> Tensors:
     """A row graph's reference record: its inputs and torch's hidden states [n, H] at its n real
     positions."""
     n = int(record["valid"].sum())
@@ -41,7 +55,7 @@ def row_reference(record: dict, hidden) -> dict:
     return {**record, "expected": hidden[None].contiguous()}
 
 
-def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_hidden) -> dict:
+def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_hidden) -> Tensors:
     """A pair's reference record: both signatures' token inputs (the first p ids in the prefix, the
     rest in the suffix), and the row graph's hidden states over the ids (`row_hidden`) at the suffix
     positions: the chaining rule the pair promises."""
@@ -53,7 +67,7 @@ def pair_reference(host, ids: list[int], p: int, prefix: int, suffix: int, row_h
     }
 
 
-def load_reference(root: Path, name: str, arrays: bool = False) -> dict:
+def load_reference(root: Path, name: str, arrays: bool = False) -> Tensors:
     """The record `name` under `root`: torch tensors, or numpy arrays with `arrays` (no torch needed)."""
     if arrays:
         from safetensors.numpy import load_file
@@ -68,7 +82,7 @@ def float32(v):
     return v.astype(np.float32) if isinstance(v, np.ndarray) else v.float()
 
 
-def reference_error(signature, kind: str, record: dict) -> dict:
+def reference_error(signature, kind: str, record: Tensors) -> ReferenceResult:
     """Run a reference record through a graph's signatures; -> its error against the stored
     expectation, global and per position (scripts/checks/compare.py: rel_vs_expected,
     rel_per_position_vs_expected, inf if an output is not finite). `signature(name)` gives a signature
@@ -88,10 +102,12 @@ def reference_error(signature, kind: str, record: dict) -> dict:
         out = signature("suffix")(**tokens, **state)["hidden"]
     else:
         raise ClefError(f"unknown artifact kind {kind!r}")
-    return compare.figures("vs_expected", out[:, : expected.shape[1]], expected, curve=True)
+    return ReferenceResult(**compare.figures("vs_expected", out[:, : expected.shape[1]], expected, curve=True))
 
 
-def run_reference(path: Path, kind: str, record: dict, threads: int | None = None, names: dict | None = None) -> dict:
+def run_reference(
+    path: Path, kind: str, record: Tensors, threads: int | None = None, names: dict[str, str] | None = None
+) -> ReferenceResult:
     """reference_error in the LiteRT interpreter; `names`: the graph's signatures are these in the file
     (a bundle's: renamed). A record of numpy arrays runs without torch."""
     from scripts.litert.cpu_graph import CpuGraph
@@ -137,7 +153,7 @@ def measure(graph_path: Path, kind: str, graph) -> ReferenceFigures:
     path = layout.reference_path(graph_path)
     record = load_reference(path.parent, path.name)
     error = reference_error(interpreter_signature(graph), kind, record)
-    figures = ReferenceFigures.from_json({"record_sha256": snapshot.sha256_file(path), **error}, str(path))
+    figures = ReferenceFigures(snapshot.sha256_file(path), **error.to_json())
     atomic.write_json(layout.reference_figures_path(graph_path), figures.to_json())
     return figures
 

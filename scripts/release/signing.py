@@ -17,10 +17,14 @@ import os
 import stat
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record
+
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import FileDigests, ForeignJson
 
 SIGNATURE = "model.sig"  # the library's own default name for a model's signature
 PASSWORD_ENV = "CLEF_SIGNING_KEY_PASSWORD"
@@ -161,7 +165,8 @@ def sign(root: Path, key_path: str | os.PathLike, name: str) -> None:
     signer.sign(signing.Payload(named)).write(root / SIGNATURE)
 
 
-def _bundle(root: Path) -> dict:
+def _bundle(root: Path) -> ForeignJson:
+    """SIGNATURE as JSON (a Sigstore bundle); {} when it is unreadable or not a JSON object."""
     try:
         bundle = json.loads((root / SIGNATURE).read_text())
         return bundle if isinstance(bundle, dict) else {}
@@ -180,7 +185,7 @@ def claimed_key(root: Path) -> str | None:
         return None
 
 
-def signed_files(root: Path) -> dict[str, str]:
+def signed_files(root: Path) -> FileDigests:
     """{path: sha256} the bundle's statement lists (trusted only once verify() has passed the signature)."""
     payload = json.loads(base64.b64decode(_bundle(root)["dsseEnvelope"]["payload"]))
     return {r["name"]: r["digest"] for r in payload["predicate"]["resources"]}
