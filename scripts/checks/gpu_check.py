@@ -29,10 +29,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 from scripts.checks import compare, layerwise, model_check, records
+from scripts.checks.tflite_check import RowRecords
 from scripts.litert import gpu_accelerator
 from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import params
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import Tensors
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
@@ -208,6 +210,10 @@ class HiddenReferences:
     half: torch.Tensor
 
 
+RowReferences = dict[str, HiddenReferences]
+"""A row graph's records' HiddenReferences by kind (row_references)."""
+
+
 @dataclass(frozen=True)
 class ChainingReferences(HiddenReferences):
     """HiddenReferences at the suffix positions of one chaining: prefix length p, suffix length s,
@@ -218,9 +224,7 @@ class ChainingReferences(HiddenReferences):
     ids: list[int]
 
 
-def row_references(
-    model, host: Host, stock: StockReferences, records: dict[str, tuple[int, dict[str, torch.Tensor]]]
-) -> dict[str, HiddenReferences]:
+def row_references(model, host: Host, stock: StockReferences, records: RowRecords) -> RowReferences:
     """records: {kind: (n, inputs)} -> {kind: its HiddenReferences}."""
     length = next(iter(records.values()))[1]["valid"].shape[-1]
     graph = ClefRowPrefill(model, length).eval()
@@ -233,7 +237,7 @@ def row_references(
     return out
 
 
-def row_rows(runs: dict, references: dict[str, HiddenReferences], records: dict) -> list[dict]:
+def row_rows(runs: dict, references: RowReferences, records: RowRecords) -> list[dict]:
     """One row per record and mode (`references` from row_references); runs: {mode: run(signature,
     feeds) -> outputs per feed}, e.g. a ModeRun."""
     rows = []
@@ -254,9 +258,6 @@ def row_rows(runs: dict, references: dict[str, HiddenReferences], records: dict)
                 row.update(half_figures(out, ref.exact, ref.half))
             rows.append(row)
     return rows
-
-
-Tensors = dict[str, torch.Tensor]  # a signature's named inputs or outputs
 
 
 @dataclass(frozen=True)

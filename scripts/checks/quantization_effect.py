@@ -16,13 +16,15 @@ from __future__ import annotations
 import torch
 
 from scripts.checks import compare, model_check
+from scripts.checks.tflite_check import RowRecords
+from scripts.pipeline.mappings import Tensors
 from scripts.qwen35 import patch
 
 TOP = 5
 VOCAB_BLOCK = 16384
 
 
-def truths(model, records: dict[str, tuple[int, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
+def truths(model, records: RowRecords) -> Tensors:
     """{kind: float64 hidden [n, H]} of stock transformers on each record's real positions, with the
     weights `model` holds now (call before weight_precision.apply changes them)."""
     twin = patch.stock_twin(model)

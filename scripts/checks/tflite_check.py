@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from scripts.checks import records
+from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.measure import timed_runs
 from scripts.pipeline.records import Record, optional
 
@@ -26,10 +27,11 @@ RECORD_KINDS = ("full", "padded", "one_token")
 REFERENCE_KIND = "padded"  # the record a graph's reference record (scripts/release/references.py) carries
 
 
-Inputs = dict[str, torch.Tensor]  # a host-built record's named graph inputs
+RowRecords = dict[str, tuple[int, Tensors]]
+"""A row graph's host-built records by kind: {kind: (real tokens, named graph inputs)} (row_records)."""
 
 
-def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict[str, tuple[int, Inputs]]:
+def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> RowRecords:
     """The host-built records a row graph is checked on: {kind: (real tokens, inputs)}: all L tokens,
     a right-padded record, and a single token (the most padding); `kinds` of them."""
     from scripts.checks.model_check import random_ids
@@ -53,7 +55,7 @@ class TorchReference:
     memory_cut: torch.Tensor | None
 
 
-def torch_reference(graph, inputs: Inputs, n: int, form) -> TorchReference:
+def torch_reference(graph, inputs: Tensors, n: int, form) -> TorchReference:
     """The record's TorchReference. Computed before the interpreter loads, so the stack can be freed
     first (scripts/checks/controls.py: the memory-cut fault)."""
     from scripts.checks import controls
