@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from scripts.checks import tflite_check, tflite_verification
+from scripts.checks.quantization_effect import QuantizationRow
 from scripts.checks.tflite_verification import TfliteFindings
 from scripts.layers.weight_precision import Applied
 from scripts.release.references import ReferenceFigures
 
 LIMITS = {"rel_vs_torch": 1e-4, "rel_per_position_vs_torch": 1e-4}
 CENSUS = {"op_total": 10, "max_rank": 4, "ops_per_gdn_layer": {"0": 5, "1": 6}}
-EFFECT = [{"rel_vs_unquantized_f64": 1e-3, "top1_agreement": 1.0, "top5_agreement": 1.0, "mean_kl": 0.0}]
+EFFECT = [QuantizationRow("full", 8, 1e-3, 2e-3, 1.0, 1.0, 0.0)]
 TIMING = tflite_check.latency([0.002], [0.004], 1)
 KEYS = [
     "L",
