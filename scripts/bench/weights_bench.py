@@ -307,7 +307,7 @@ def other_precision(snap: Path, form: str, ws: Path, p: dict, host: Host, scratc
             {
                 "graph": g.name,
                 "bytes": {have: mine.stat().st_size, other: path.stat().st_size},
-                **bundle_check.difference(fp16, fp32),
+                **bundle_check.difference(fp16, fp32).to_json(),
             }
         )
         path.unlink()
