@@ -85,3 +85,15 @@ def test_an_error_over_its_bound_or_a_weak_control_fails(tmp_path):
     assert not over.passed and over.problems[0].startswith("accuracy: ")
     weak = tflite_verification.result(findings(tmp_path, 1e-6, 5e-4), LIMITS, 10.0)
     assert [p.split(":")[0] for p in weak.problems] == ["control memory_cut"]
+
+
+def test_a_record_row_keeps_its_keys_and_holds_the_control_only_where_it_applies():
+    import torch
+
+    hidden = torch.ones(3, 4)
+    lite = torch.ones(1, 5, 4)
+    row = tflite_check.record_row("padded", 3, lite, tflite_check.TorchReference(hidden, None)).to_json()
+    assert list(row) == ["record", "n_real", "rel_vs_torch", "rel_per_position_vs_torch", "finite"]
+    assert row["rel_vs_torch"] == 0.0 and row["finite"] is True
+    cut = tflite_check.TorchReference(hidden, 2 * hidden)
+    assert tflite_check.record_row("padded", 3, lite, cut).to_json()["control_memory_cut_rel_vs_torch"] == 0.5

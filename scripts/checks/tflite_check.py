@@ -69,22 +69,36 @@ def torch_reference(graph, inputs: Tensors, n: int, form) -> TorchReference:
     return TorchReference(hidden, memory_cut)
 
 
-def record_row(kind: str, n: int, lite: torch.Tensor, reference: TorchReference) -> dict[str, str | int | float | bool]:
+@dataclass(frozen=True)
+class TfliteRow(Record):
+    """One record of a row graph in the interpreter against the torch row graph (results/tflite_L{L}.json
+    `rows`, judged by compare.judge as `to_json()`): its kind and real tokens, the two figures, whether
+    the output is finite, and the memory-cut control's figure where the control applies."""
+
+    record: str
+    n_real: int
+    rel_vs_torch: float
+    rel_per_position_vs_torch: float
+    finite: bool
+    control_memory_cut_rel_vs_torch: float | None = optional()
+
+
+def record_row(kind: str, n: int, lite: torch.Tensor, reference: TorchReference) -> TfliteRow:
     """One record's row: the interpreter's hidden [1, L, H] vs the torch row graph's at the n real
     positions (scripts/checks/compare.py), and the memory-cut control where it applies: the same file
     against the torch graph with the fault (torch_reference)."""
     from scripts.checks import compare
 
     lite = lite[0, :n]
-    row = {
-        "record": kind,
-        "n_real": n,
+    return TfliteRow(
+        record=kind,
+        n_real=n,
         **compare.figures("vs_torch", lite, reference.hidden),
-        "finite": bool(torch.isfinite(lite).all()),
-    }
-    if reference.memory_cut is not None:
-        row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, reference.memory_cut)
-    return row
+        finite=bool(torch.isfinite(lite).all()),
+        control_memory_cut_rel_vs_torch=None
+        if reference.memory_cut is None
+        else compare.rel(lite, reference.memory_cut),
+    )
 
 
 def run(runner, inputs: dict) -> torch.Tensor:

@@ -106,7 +106,10 @@ def verify(
         runner = interp.get_signature_runner()
         phase("LiteRT records")
         outputs = {kind: tflite_check.run(runner, inputs) for kind, (_, inputs) in records.items()}
-        rows = [tflite_check.record_row(kind, n, outputs[kind], expected[kind]) for kind, (n, _) in records.items()]
+        rows = [
+            tflite_check.record_row(kind, n, outputs[kind], expected[kind]).to_json()
+            for kind, (n, _) in records.items()
+        ]
         effect = [
             quantization_effect.row(kind, n, outputs[kind][0, :n], truths[kind], host)
             for kind, (n, _) in records.items()
