@@ -23,7 +23,7 @@ def interpreter(path, threads: int | None = None):
     return CpuGraph(path, threads)
 
 
-RECORD_KINDS = ("full", "padded", "one_token")
+RECORD_KINDS = records.ROW_KINDS
 REFERENCE_KIND = "padded"  # the record a graph's reference record (scripts/release/references.py) carries
 
 
@@ -39,7 +39,7 @@ def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> RowRecords
     out = {}
     real = records.row_tokens(length)
     for kind in kinds:
-        n = real[kind]
+        n = getattr(real, kind)
         inputs = host.record(random_ids(n, vocab, 11 * length + n), length)
         host.check(inputs, length)
         out[kind] = (n, inputs)
