@@ -30,12 +30,12 @@ def main() -> None:
     shutil.rmtree(build, ignore_errors=True)
     try:
         path = build / final.name
-        meta = bundle_verification.metadata(rec, form, weights, metas)
+        meta = bundle_verification.metadata(rec, form, weights, metas).to_json()
         merged = bundle.merge([bundle.Part(g.path, g.signatures) for g in graphs], path, meta)
         why = bundle_verification.gpu_not_checked_why(weights, p["verify_gpu"]["layers"], p["model"]["source"])
         doc = bundle_verification.verify(path, final, graphs, merged, form, weights, p["bundle"], why)
         atomic.write_json(layout.result_path("bundle"), doc.to_json())
-        metrics.write("bundle", **bundle_verification.metrics_row(doc))
+        metrics.write("bundle", **bundle_verification.metrics_row(doc).to_json())
         problems = doc.problems
         if problems:
             raise ClefError(

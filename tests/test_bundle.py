@@ -137,7 +137,7 @@ def test_every_signature_is_bit_identical_to_its_file_on_the_cpu_and_the_gpu(par
         diff = bundle_check.difference(
             outputs(whole, path, part.signatures), outputs(own, part.path, {k: k for k in part.signatures})
         )
-        assert diff["identical"] and diff["max_rel"] == 0.0, (part.path.name, diff)
+        assert diff.identical and diff.max_rel == 0.0, (part.path.name, diff)
     for mode in gpu_accelerator.MODES:
         compiled = gpu_accelerator.compile(path, mode)
         assert compiled.fully_accelerated
@@ -152,7 +152,7 @@ def test_every_signature_is_bit_identical_to_its_file_on_the_cpu_and_the_gpu(par
                 f"{k}.{o}": v for k in part.signatures for o, v in own.signature(k)(**inputs_of(part.path, k)).items()
             }
             own.close()
-            assert bundle_check.difference(got, want)["identical"], (mode, part.path.name)
+            assert bundle_check.difference(got, want).identical, (mode, part.path.name)
         compiled.close()
 
 
@@ -175,7 +175,7 @@ def test_a_flipped_byte_in_a_shared_weight_changes_every_signature_that_reads_it
         diff = bundle_check.difference(
             outputs(whole, broken, part.signatures), outputs(own, part.path, {k: k for k in part.signatures})
         )
-        assert not diff["identical"] and diff["max_rel"] > 1e-3, (part.path.name, diff)
+        assert not diff.identical and diff.max_rel > 1e-3, (part.path.name, diff)
 
 
 def test_a_truncated_bundle_is_refused_before_it_is_run(merged, tmp_path):

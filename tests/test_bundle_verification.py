@@ -89,7 +89,7 @@ def test_the_record_keeps_its_keys_its_metrics_row_and_its_line():
         [],
     )
     assert list(doc.to_json()) == KEYS
-    assert bundle_verification.metrics_row(doc) == dict(
+    assert bundle_verification.metrics_row(doc).to_json() == dict(
         passed=True, max_rel=1e-3, threshold=0.0, bytes=300, op_total=7, max_rank=4
     )
     assert bundle_verification.line(doc) == (
@@ -108,3 +108,34 @@ def test_the_memory_figures_are_written_as_before():
         "peak_over_graph": 2.0,
     }
     assert list(against.to_json()["bundle"]) == ["compiled", "held", "peak"]
+
+
+def test_the_bundles_metadata_keeps_its_keys_in_order():
+    """The METADATA_NAME entry the bundle is written with: the keys, in the order, the dict had."""
+    from scripts.checkpoint.snapshot import SnapshotRecord
+
+    rec = SnapshotRecord("tiny", "org/model", "abc123", "artifacts/snapshot", {})
+    graphs = {"row_L8": {"kind": "row", "L": 8, "signatures": {"row": "row_L8"}}}
+    meta = bundle_verification.metadata(rec, "R64", "fp16", graphs).to_json()
+    assert meta == {
+        "kind": "bundle",
+        "revision": "abc123",
+        "repo": "org/model",
+        "source": "tiny",
+        "form": "R64",
+        "weights": "fp16",
+        "graphs": graphs,
+    }
+    assert list(meta) == ["kind", "revision", "repo", "source", "form", "weights", "graphs"]
+
+
+def test_the_outputs_difference_says_why_only_when_they_cannot_be_compared():
+    import torch
+
+    a = {"row.hidden": torch.ones(2, 3)}
+    same = bundle_check.difference(a, {"row.hidden": torch.ones(2, 3)})
+    assert same.to_json() == {"identical": True, "max_rel": 0.0, "outputs": 1}
+    moved = bundle_check.difference({"row.hidden": torch.full((2, 3), 1.5)}, a)
+    assert not moved.identical and moved.max_rel == 0.5
+    other = bundle_check.difference({"row.other": torch.ones(2, 3)}, a).to_json()
+    assert other == {"identical": False, "max_rel": float("inf"), "outputs": 1, "why": "different outputs"}

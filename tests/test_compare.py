@@ -213,7 +213,7 @@ def test_verify_tflite_fails_on_nan(patched):
     lite[0, 5, 0] = float("nan")  # what the interpreter returned
     reference = tflite_check.torch_reference(ClefRowPrefill(model, 64).eval(), inputs, 64, FORM)
     row = tflite_check.record_row("full", 64, lite, reference)
-    judged([row], ["rel_vs_torch", "rel_per_position_vs_torch"])
+    judged([row.to_json()], ["rel_vs_torch", "rel_per_position_vs_torch"])
 
 
 def torch_fn(module, poison=False):

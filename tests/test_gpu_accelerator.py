@@ -678,3 +678,34 @@ def test_a_weight_over_the_binding_limit_is_split_at_export_and_refused_unsplit(
     model, log, _ = gpu_accelerator.load(whole, HardwareAccelerator.GPU, fp32=True)  # what compile refuses:
     out = gpu_accelerator.signature_runner(model, whole, quiet_runs=True)(x=x.numpy())["y"]
     assert compare.rel(torch.from_numpy(out), want) > 0.5  # the wrong result it would have given
+
+
+def test_the_half_figures_and_a_signature_row_keep_their_keys_in_order():
+    """gpu_check's typed pieces of a row write the keys, in the order, its dicts had."""
+    exact = torch.ones(3, 4, dtype=torch.float64)
+    half = gpu_check.half_figures(exact * 1.02, exact, exact * 1.01).to_json()
+    assert list(half) == [
+        "rel_vs_f64",
+        "rel_per_position_vs_f64",
+        "per_position_vs_f64",
+        "rel_floor_vs_f64",
+        "rel_per_position_floor_vs_f64",
+        "per_position_floor_vs_f64",
+        "over_floor",
+        "over_floor_per_position",
+    ]
+    assert half["over_floor"] == pytest.approx(2.0) and len(half["per_position_floor_vs_f64"]) == 3
+    outs = {"hidden": torch.ones(1, 4, 8), "gdn0_recurrent": torch.ones(1, 2, 4, 4)}
+    ref = {"hidden": torch.ones(1, 4, 8), "gdn0_recurrent": 2 * torch.ones(1, 2, 4, 4)}
+    sig = gpu_check._signature_row("fp32", "prefix", 32, outs, ref).to_json()
+    assert list(sig) == [
+        "mode",
+        "check",
+        "signature",
+        "p",
+        "finite",
+        "rel_vs_torch",
+        "rel_per_position_vs_torch",
+        "per_output",
+    ]
+    assert sig["rel_vs_torch"] == 0.5 and list(sig["per_output"]) == ["hidden", "gdn0_recurrent"]

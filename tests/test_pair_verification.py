@@ -3,10 +3,14 @@ record has always had them, a row over a bound and a control too weak to break i
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import pytest
+
 from scripts.checks import pair_verification
-from scripts.checks.pair_verification import PairFindings
+from scripts.checks.pair_verification import PairFindings, PerBackend
+from scripts.pipeline.errors import ClefError
 from scripts.release.references import ReferenceFigures
 
 LIMITS = {
@@ -79,3 +83,12 @@ def test_a_row_over_its_bound_or_a_weak_control_fails_after_the_files_problems(t
         "control zero_state (litert)",
         "control no_pad_guard (torch)",
     ]
+
+
+def test_the_worst_per_backend_is_a_record_that_reads_back_and_lets_no_nan_hide():
+    nan = [{"backend": "litert", "check": "chaining", "rel_vs_row": float("nan")}]
+    worst = pair_verification.per_backend(rows() + nan, "rel_vs_row")
+    assert worst.to_json() == {"torch": 1e-6, "litert": worst.litert} and math.isnan(worst.worst())
+    assert PerBackend.from_json({"torch": 1e-6, "litert": None}, "x").worst() == 1e-6
+    with pytest.raises(ClefError, match="litert"):
+        PerBackend.from_json({"torch": 1e-6}, "summary: max_rel_vs_row")

@@ -169,3 +169,11 @@ def test_what_dvc_refuses_by_key_the_check_names_by_file(tmp_path, text, fragmen
     with pytest.raises(ClefError, match=fragment) as exc:
         params.load(path=path)
     assert str(exc.value).startswith(str(path)) or "params.yaml" in str(exc.value)
+
+
+def test_the_row_records_real_tokens_by_kind():
+    """scripts/checks/records.py: a row graph's records, all L tokens, two thirds, one; their kinds in order."""
+    from scripts.checks import records
+
+    assert records.row_tokens(64).items() == [("full", 64), ("padded", 43), ("one_token", 1)]
+    assert records.ROW_KINDS == ("full", "padded", "one_token")

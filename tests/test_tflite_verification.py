@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from scripts.checks import tflite_check, tflite_verification
+from scripts.checks.quantization_effect import QuantizationRow
 from scripts.checks.tflite_verification import TfliteFindings
 from scripts.layers.weight_precision import Applied
 from scripts.release.references import ReferenceFigures
 
 LIMITS = {"rel_vs_torch": 1e-4, "rel_per_position_vs_torch": 1e-4}
 CENSUS = {"op_total": 10, "max_rank": 4, "ops_per_gdn_layer": {"0": 5, "1": 6}}
-EFFECT = [{"rel_vs_unquantized_f64": 1e-3, "top1_agreement": 1.0, "top5_agreement": 1.0, "mean_kl": 0.0}]
+EFFECT = [QuantizationRow("full", 8, 1e-3, 2e-3, 1.0, 1.0, 0.0)]
 TIMING = tflite_check.latency([0.002], [0.004], 1)
 KEYS = [
     "L",
@@ -84,3 +85,15 @@ def test_an_error_over_its_bound_or_a_weak_control_fails(tmp_path):
     assert not over.passed and over.problems[0].startswith("accuracy: ")
     weak = tflite_verification.result(findings(tmp_path, 1e-6, 5e-4), LIMITS, 10.0)
     assert [p.split(":")[0] for p in weak.problems] == ["control memory_cut"]
+
+
+def test_a_record_row_keeps_its_keys_and_holds_the_control_only_where_it_applies():
+    import torch
+
+    hidden = torch.ones(3, 4)
+    lite = torch.ones(1, 5, 4)
+    row = tflite_check.record_row("padded", 3, lite, tflite_check.TorchReference(hidden, None)).to_json()
+    assert list(row) == ["record", "n_real", "rel_vs_torch", "rel_per_position_vs_torch", "finite"]
+    assert row["rel_vs_torch"] == 0.0 and row["finite"] is True
+    cut = tflite_check.TorchReference(hidden, 2 * hidden)
+    assert tflite_check.record_row("padded", 3, lite, cut).to_json()["control_memory_cut_rel_vs_torch"] == 0.5

@@ -35,6 +35,7 @@ import torch
 from scripts.bench import report
 from scripts.checkpoint import snapshot
 from scripts.checks import bundle_check, compare, gpu_check, quantization_effect, tflite_check
+from scripts.checks.quantization_effect import QuantizationEffect
 from scripts.layers import kernel_form
 from scripts.litert import export, gpu_accelerator, sections, tflite_file, weight_storage
 from scripts.litert.cpu_graph import CpuGraph
@@ -151,19 +152,6 @@ class VariantConversion(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantizationEffect(Record):
-    """The graph against stock float64 with the checkpoint's weights: quantization_effect.summary's worst
-    figures over the records, and each record's quantization_effect.row."""
-
-    max_rel_vs_unquantized_f64: float
-    max_rel_per_position_vs_unquantized_f64: float
-    min_top1_agreement: float
-    min_top5_agreement: float
-    max_mean_kl: float
-    rows: list[dict]
-
-
-@dataclasses.dataclass(frozen=True)
 class VsFp32Graph(Record):
     """The graph against the fp32-stored graph's outputs: what the storage alone changes."""
 
@@ -252,7 +240,7 @@ def measure(
             max_rel_per_position_vs_torch=compare.worst(conversion, "rel_per_position_vs_torch"),
             rows=conversion,
         ),
-        quantization_effect=QuantizationEffect(**quantization_effect.summary(effect), rows=effect),
+        quantization_effect=quantization_effect.summary(effect),
         vs_fp32_graph=VsFp32Graph(
             max_rel=compare.worst(storage_alone, "rel_vs_fp32_graph"),
             max_rel_per_position=compare.worst(storage_alone, "rel_per_position_vs_fp32_graph"),
@@ -323,7 +311,7 @@ def other_precision(snap: Path, form: str, ws: Path, p: dict, host: Host, scratc
             {
                 "graph": g.name,
                 "bytes": {have: mine.stat().st_size, other: path.stat().st_size},
-                **bundle_check.difference(fp16, fp32),
+                **bundle_check.difference(fp16, fp32).to_json(),
             }
         )
         path.unlink()

@@ -23,7 +23,8 @@ import torch
 
 from scripts.checks import compare
 from scripts.pipeline import layout
-from scripts.pipeline.records import Record
+from scripts.pipeline.mappings import Tensors
+from scripts.pipeline.records import Record, optional
 from scripts.release import references
 
 
@@ -69,14 +70,25 @@ def run_record(signature, kind: str, record: dict) -> tuple[dict, dict]:
     return references.reference_error(capturing, kind, record).to_json(), outputs
 
 
-def difference(bundle: dict[str, torch.Tensor], file: dict[str, torch.Tensor]) -> dict[str, bool | float | int | str]:
-    """The bundle's outputs against the file's: whether every one is bit-identical, and the largest
-    relative difference (compare.rel: inf when the bundle's is not finite, NaN when the file's is not)."""
+@dataclasses.dataclass(frozen=True)
+class OutputDifference(Record):
+    """One graph's outputs through the bundle against its own file's: whether every one is bit-identical,
+    the largest relative difference, how many outputs, and why they cannot be compared where they cannot."""
+
+    identical: bool
+    max_rel: float | None
+    outputs: int
+    why: str | None = optional()
+
+
+def difference(bundle: Tensors, file: Tensors) -> OutputDifference:
+    """The bundle's outputs against the file's (compare.rel: inf when the bundle's is not finite, NaN when
+    the file's is not)."""
     if bundle.keys() != file.keys():
-        return {"identical": False, "max_rel": float("inf"), "outputs": len(file), "why": "different outputs"}
+        return OutputDifference(identical=False, max_rel=float("inf"), outputs=len(file), why="different outputs")
     rels = [compare.rel(bundle[k], file[k]) for k in file]
     same = all(torch.equal(bundle[k], file[k]) for k in file)
-    return {"identical": same, "max_rel": compare.largest(rels), "outputs": len(file)}
+    return OutputDifference(identical=same, max_rel=compare.largest(rels), outputs=len(file))
 
 
 # ---- memory, in a process of its own -------------------------------------------------------------

@@ -28,8 +28,12 @@ from scripts.release import references
 
 GPU_MODES = gpu_accelerator.MODES
 
+GraphMetadata = dict[str, dict]
+"""A graph's name -> its metadata as the bundle records it: its own file's, its signatures' names and which
+file it was (preflight)."""
 
-def preflight(graphs: list[bundle_check.Graph], rec: SnapshotRecord, form: str, weights: str) -> dict[str, dict]:
+
+def preflight(graphs: list[bundle_check.Graph], rec: SnapshotRecord, form: str, weights: str) -> GraphMetadata:
     """Every graph there, of this revision, form, weights and shape, with its reference record ->
     {name: metadata}."""
     metas = {}
@@ -46,17 +50,23 @@ def preflight(graphs: list[bundle_check.Graph], rec: SnapshotRecord, form: str, 
     return metas
 
 
-def metadata(rec: SnapshotRecord, form: str, weights: str, metas: dict[str, dict]) -> dict[str, str | dict[str, dict]]:
-    """The bundle's own metadata: its model, form and weights, and each graph's (preflight)."""
-    return {
-        "kind": "bundle",
-        "revision": rec.revision,
-        "repo": rec.repo,
-        "source": rec.source,
-        "form": form,
-        "weights": weights,
-        "graphs": metas,
-    }
+@dataclass(frozen=True)
+class BundleMetadata(Record):
+    """The bundle's own metadata (its METADATA_NAME entry): its kind, model, form and weights, and each
+    graph's (preflight)."""
+
+    kind: str
+    revision: str
+    repo: str
+    source: str
+    form: str
+    weights: str
+    graphs: GraphMetadata
+
+
+def metadata(rec: SnapshotRecord, form: str, weights: str, metas: GraphMetadata) -> BundleMetadata:
+    """The bundle's own metadata, as merge writes it (`to_json`)."""
+    return BundleMetadata("bundle", rec.revision, rec.repo, rec.source, form, weights, metas)
 
 
 def gpu_not_checked_why(weights: str, depth: str, source: str) -> str | None:
@@ -109,7 +119,9 @@ def identity_cpu(path: Path, graphs: list[bundle_check.Graph]) -> list[IdentityR
                 references.renamed(references.interpreter_signature(whole), g.signatures), g.kind, record
             )
             rows.append(
-                IdentityRow(graph=g.name, accelerator="cpu", **figures, **bundle_check.difference(got, expected))
+                IdentityRow(
+                    graph=g.name, accelerator="cpu", **figures, **bundle_check.difference(got, expected).to_json()
+                )
             )
             print(f"bundle: {g.name} on the CPU: identical {rows[-1].identical}", flush=True)
     finally:
@@ -140,7 +152,7 @@ def identity_gpu(path: Path, graphs: list[bundle_check.Graph], census: dict) -> 
                         fully_accelerated=whole.fully_accelerated,
                         adapter=whole.adapter,
                         **figures,
-                        **bundle_check.difference(got, expected),
+                        **bundle_check.difference(got, expected).to_json(),
                     )
                 )
                 print(f"bundle: {g.name} on the GPU ({mode}): identical {rows[-1].identical}", flush=True)
@@ -222,9 +234,21 @@ def verify(
     )
 
 
-def metrics_row(doc: BundleRecord) -> dict[str, float | int | bool | None]:
-    """The bundle's metrics row (results/metrics/bundle.json): its worst difference, held to 0."""
-    return dict(
+@dataclass(frozen=True)
+class BundleMetrics(Record):
+    """The bundle's metrics row (results/metrics/bundle.json; metrics.write drops a None)."""
+
+    passed: bool
+    max_rel: float | None
+    threshold: float
+    bytes: int
+    op_total: int
+    max_rank: int
+
+
+def metrics_row(doc: BundleRecord) -> BundleMetrics:
+    """The bundle's metrics row: its worst difference, held to 0."""
+    return BundleMetrics(
         passed=doc.passed,
         max_rel=max((r.max_rel for r in doc.identity), default=None),
         threshold=0.0,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from scripts.layers import kernel_form
+from scripts.pipeline.mappings import Tensors
 
 
 def _form(form) -> kernel_form.Form:
@@ -29,6 +30,6 @@ def memory_cut_applies(form: kernel_form.Form | str, length: int) -> bool:
     return length > _form(form).chunk
 
 
-def zero_recurrent(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def zero_recurrent(tensors: Tensors) -> Tensors:
     """A pair state with every GatedDeltaNet recurrent state zeroed (conv state, K/V and slots kept)."""
     return {k: (torch.zeros_like(v) if k.endswith("_recurrent") else v) for k, v in tensors.items()}

@@ -29,10 +29,13 @@ from dataclasses import asdict, dataclass
 import torch
 
 from scripts.checks import compare, layerwise, model_check, records
+from scripts.checks.tflite_check import RowRecords
 from scripts.litert import gpu_accelerator
 from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import params
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.mappings import Tensors
+from scripts.pipeline.records import Record
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
@@ -95,17 +98,32 @@ class StockReferences:
         return exact, half
 
 
-def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> dict[str, float | list[float]]:
-    """A half mode's hidden states and the floor, both against float64, global and per position (the worst
-    and each position's), and their ratios: over_floor (global) and over_floor_per_position (the worst
-    positions' figures)."""
-    figs = {
-        **compare.figures("vs_f64", out, exact, curve=True),
-        **compare.figures("floor_vs_f64", half, exact, curve=True),
-    }
-    figs["over_floor"] = ratio(figs["rel_vs_f64"], figs["rel_floor_vs_f64"])
-    figs["over_floor_per_position"] = ratio(figs["rel_per_position_vs_f64"], figs["rel_per_position_floor_vs_f64"])
-    return figs
+@dataclass(frozen=True)
+class HalfFigures(Record):
+    """A half mode's hidden states and the floor (stock float16), both against float64, global and per
+    position (the worst and each position's), and their ratios: over_floor (global) and
+    over_floor_per_position (the worst positions' figures). A row holds them as `to_json()`."""
+
+    rel_vs_f64: float
+    rel_per_position_vs_f64: float
+    per_position_vs_f64: list[float]
+    rel_floor_vs_f64: float
+    rel_per_position_floor_vs_f64: float
+    per_position_floor_vs_f64: list[float]
+    over_floor: float
+    over_floor_per_position: float
+
+
+def half_figures(out: torch.Tensor, exact: torch.Tensor, half: torch.Tensor) -> HalfFigures:
+    """The HalfFigures of a half mode's hidden states `out`, against float64 `exact` beside float16 `half`."""
+    mode = compare.figures("vs_f64", out, exact, curve=True)
+    floor = compare.figures("floor_vs_f64", half, exact, curve=True)
+    return HalfFigures(
+        **mode,
+        **floor,
+        over_floor=ratio(mode["rel_vs_f64"], floor["rel_floor_vs_f64"]),
+        over_floor_per_position=ratio(mode["rel_per_position_vs_f64"], floor["rel_per_position_floor_vs_f64"]),
+    )
 
 
 def ratio(error: float, floor: float) -> float:
@@ -208,6 +226,10 @@ class HiddenReferences:
     half: torch.Tensor
 
 
+RowReferences = dict[str, HiddenReferences]
+"""A row graph's records' HiddenReferences by kind (row_references)."""
+
+
 @dataclass(frozen=True)
 class ChainingReferences(HiddenReferences):
     """HiddenReferences at the suffix positions of one chaining: prefix length p, suffix length s,
@@ -218,9 +240,7 @@ class ChainingReferences(HiddenReferences):
     ids: list[int]
 
 
-def row_references(
-    model, host: Host, stock: StockReferences, records: dict[str, tuple[int, dict[str, torch.Tensor]]]
-) -> dict[str, HiddenReferences]:
+def row_references(model, host: Host, stock: StockReferences, records: RowRecords) -> RowReferences:
     """records: {kind: (n, inputs)} -> {kind: its HiddenReferences}."""
     length = next(iter(records.values()))[1]["valid"].shape[-1]
     graph = ClefRowPrefill(model, length).eval()
@@ -233,7 +253,7 @@ def row_references(
     return out
 
 
-def row_rows(runs: dict, references: dict[str, HiddenReferences], records: dict) -> list[dict]:
+def row_rows(runs: dict, references: RowReferences, records: RowRecords) -> list[dict]:
     """One row per record and mode (`references` from row_references); runs: {mode: run(signature,
     feeds) -> outputs per feed}, e.g. a ModeRun."""
     rows = []
@@ -251,12 +271,9 @@ def row_rows(runs: dict, references: dict[str, HiddenReferences], records: dict)
                 **compare.figures("vs_torch", out, ref.graph, curve=True),
             }
             if mode in HALF_MODES:
-                row.update(half_figures(out, ref.exact, ref.half))
+                row.update(half_figures(out, ref.exact, ref.half).to_json())
             rows.append(row)
     return rows
-
-
-Tensors = dict[str, torch.Tensor]  # a signature's named inputs or outputs
 
 
 @dataclass(frozen=True)
@@ -303,18 +320,34 @@ def chaining_references(
     return out
 
 
-def _signature_row(mode: str, name: str, p: int, outs: dict, ref: dict) -> dict:
+@dataclass(frozen=True)
+class SignatureRow(Record):
+    """One pair signature run alone in a GPU mode against torch (a row of results/gpu_*.json as
+    `to_json()`): whether its outputs are finite, the worst of its outputs' figures, and each output's."""
+
+    mode: str
+    check: str
+    signature: str
+    p: int
+    finite: bool
+    rel_vs_torch: float | None
+    rel_per_position_vs_torch: float | None
+    per_output: dict[str, dict[str, float]]
+
+
+def _signature_row(mode: str, name: str, p: int, outs: Tensors, ref: Tensors) -> SignatureRow:
     """One signature's outputs vs torch's, every output, worst over them."""
     per_output = {k: compare.figures("vs_torch", outs[k], ref[k], pair_graph.position_dim(k)) for k in ref}
-    return {
-        "mode": mode,
-        "check": "signature",
-        "signature": name,
-        "p": p,
-        "finite": finite(outs),
-        **{key: compare.worst(per_output.values(), key) for key in ("rel_vs_torch", "rel_per_position_vs_torch")},
-        "per_output": per_output,
-    }
+    return SignatureRow(
+        mode=mode,
+        check="signature",
+        signature=name,
+        p=p,
+        finite=finite(outs),
+        rel_vs_torch=compare.worst(per_output.values(), "rel_vs_torch"),
+        rel_per_position_vs_torch=compare.worst(per_output.values(), "rel_per_position_vs_torch"),
+        per_output=per_output,
+    )
 
 
 def pair_rows(
@@ -352,13 +385,13 @@ def pair_rows(
         feeds = [prefix_feeds[k] if prefix_feeds[k] is not None else pair.prefix_inputs(list(k)) for k in keys]
         prefixes = dict(zip(keys, run("prefix", feeds), strict=True))
         first = prefixes[tuple(signature.ids)]
-        rows.append(_signature_row(mode, "prefix", signature.p, first, signature.prefix[1]))
+        rows.append(_signature_row(mode, "prefix", signature.p, first, signature.prefix[1]).to_json())
         states = {p: pair.prefix_result(dict(prefixes[tuple(ids[:p])]), p) for p, ids in longest.items()}
         *suffixes, alone = run(
             "suffix",
             [*(pair.suffix_inputs(states[p][1], ids[p:]) for p, ids in longest.items()), signature.suffix[0]],
         )
-        rows.append(_signature_row(mode, "suffix", signature.p, alone, signature.suffix[1]))
+        rows.append(_signature_row(mode, "suffix", signature.p, alone, signature.suffix[1]).to_json())
         suffixes = dict(zip(longest, suffixes, strict=True))
         for ref in chaining:
             (prefix_hidden, state), outs = states[ref.p], suffixes[ref.p]
@@ -375,7 +408,7 @@ def pair_rows(
                 **compare.figures("vs_torch", out, ref.graph, curve=True),
             }
             if mode in HALF_MODES:
-                r.update(half_figures(out, ref.exact, ref.half))
+                r.update(half_figures(out, ref.exact, ref.half).to_json())
             rows.append(r)
     return rows
 

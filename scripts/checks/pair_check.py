@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from scripts.checks import compare, controls, model_check, records
+from scripts.pipeline.mappings import Tensors
 from scripts.qwen35 import model_change, pair_graph, patch
 from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
@@ -167,7 +168,7 @@ class References:
                 self.hidden[key] = self.graph(**self.host.record(list(ids), self.length))["hidden"]
         return self.hidden[key]
 
-    def stock_state(self, ids) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def stock_state(self, ids) -> tuple[Tensors, Tensors]:
         """-> (float64, fp32) stock cache entries after the tokens `ids` (cache_entries)."""
         key = tuple(ids)
         if key not in self.caches:
@@ -185,7 +186,7 @@ class References:
         self.model = self.graph = self.twin = None
 
 
-def cache_entries(model, cache) -> dict[str, torch.Tensor]:
+def cache_entries(model, cache) -> Tensors:
     """A stock cache as our state's entries: {name: tensor} (the recurrent state unscaled)."""
     out = {}
     for i, layer in enumerate(model.layers):
@@ -247,7 +248,7 @@ def check(
     )
 
 
-def reference_record(refs: References, host, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def reference_record(refs: References, host, vocab: int, seed: int = 0) -> Tensors:
     """The pair's reference record for the release (scripts/release/references.py): check()'s shared
     half-full prefix, then its full suffix, against the row it was checked against."""
     p = records.shared_length(refs.P)

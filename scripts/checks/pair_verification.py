@@ -8,6 +8,7 @@ record, its metrics row and its line, as scripts/checks/finish.py takes them (re
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,21 @@ from scripts.release import references
 
 BOUNDED = ("rel_vs_row", "rel_per_position_vs_row", "rel_state_vs_stock_f64", "rel_per_position_state_vs_stock_f64")
 CONTROLS = {"zero_state": "control_zero_state_rel_vs_row", "no_pad_guard": "control_no_pad_guard_rel_vs_row"}
-BACKENDS = ("torch", "litert")
+
+
+@dataclass(frozen=True)
+class PerBackend(Record):
+    """The worst of one figure over each backend's rows (None where a backend has none)."""
+
+    torch: float | None
+    litert: float | None
+
+    def worst(self) -> float | None:
+        """The larger of the two (NaN wins: compare.largest)."""
+        return compare.largest([self.torch, self.litert])
+
+
+BACKENDS = tuple(f.name for f in dataclasses.fields(PerBackend))
 
 
 def torch_fn(module):
@@ -105,21 +120,24 @@ class PairSummary(Record):
     passed: bool
     problems: list[str]
     bytes: int
-    max_rel_vs_row: dict[str, float | None]
-    max_rel_per_position_vs_row: dict[str, float | None]
-    max_rel_prefix_hidden_vs_row: dict[str, float | None]
-    max_rel_state_vs_stock_f64: dict[str, float | None]
-    max_rel_per_position_state_vs_stock_f64: dict[str, float | None]
-    max_rel_state_vs_stock_fp32: dict[str, float | None]
+    max_rel_vs_row: PerBackend
+    max_rel_per_position_vs_row: PerBackend
+    max_rel_prefix_hidden_vs_row: PerBackend
+    max_rel_state_vs_stock_f64: PerBackend
+    max_rel_per_position_state_vs_stock_f64: PerBackend
+    max_rel_state_vs_stock_fp32: PerBackend
     controls: dict[str, dict]
     controls_required_over_threshold: float
 
 
-def per_backend(rows: list[dict], key: str, check: str | None = None) -> dict[str, float | None]:
+def per_backend(rows: list[dict], key: str, check: str | None = None) -> PerBackend:
     """The worst `key` over each backend's rows (of `check` only, when given)."""
-    return {
-        b: compare.worst([r for r in rows if r["backend"] == b and check in (None, r["check"])], key) for b in BACKENDS
-    }
+    return PerBackend(
+        **{
+            b: compare.worst([r for r in rows if r["backend"] == b and check in (None, r["check"])], key)
+            for b in BACKENDS
+        }
+    )
 
 
 def summary(found: PairFindings, limits: dict[str, float], min_over: float) -> tuple[PairSummary, dict[str, float]]:
@@ -160,12 +178,12 @@ def result(found: PairFindings, limits: dict[str, float], min_over: float) -> Ch
     doc, controls = summary(found, limits, min_over)
     census, P, S = found.census, found.P, found.S
     figures = dict(
-        max_rel=compare.largest(doc.max_rel_vs_row.values()),
+        max_rel=doc.max_rel_vs_row.worst(),
         threshold=limits["rel_vs_row"],
-        max_rel_per_position=compare.largest(doc.max_rel_per_position_vs_row.values()),
+        max_rel_per_position=doc.max_rel_per_position_vs_row.worst(),
         threshold_per_position=limits["rel_per_position_vs_row"],
         control_over_threshold=min(c["over_threshold"] for c in doc.controls.values()),
-        max_rel_state=compare.largest(doc.max_rel_state_vs_stock_f64.values()),
+        max_rel_state=doc.max_rel_state_vs_stock_f64.worst(),
         P=P,
         S=S,
         bytes=found.path.stat().st_size,
@@ -174,7 +192,7 @@ def result(found: PairFindings, limits: dict[str, float], min_over: float) -> Ch
         ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None),
     )
     shown = {
-        k: {b: f"{v:.2e}" for b, v in getattr(doc, k).items()}
+        k: {b: f"{v:.2e}" for b, v in getattr(doc, k).to_json().items()}
         for k in ("max_rel_vs_row", "max_rel_per_position_vs_row", "max_rel_state_vs_stock_f64")
     }
     line = (

@@ -13,16 +13,21 @@ precision may move a decision is the user's call (docs/release.md, "Weights").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from scripts.checks import compare, model_check
+from scripts.checks.tflite_check import RowRecords
+from scripts.pipeline.mappings import Tensors
+from scripts.pipeline.records import Record
 from scripts.qwen35 import patch
 
 TOP = 5
 VOCAB_BLOCK = 16384
 
 
-def truths(model, records: dict[str, tuple[int, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:
+def truths(model, records: RowRecords) -> Tensors:
     """{kind: float64 hidden [n, H]} of stock transformers on each record's real positions, with the
     weights `model` holds now (call before weight_precision.apply changes them)."""
     twin = patch.stock_twin(model)
@@ -44,36 +49,77 @@ def logits(lm_head: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def decision(host, hidden: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
+@dataclass(frozen=True)
+class Decision:
+    """What the graph's hidden states do to the host's choice of token, against the truth's."""
+
+    top1_agreement: float
+    top5_agreement: float
+    mean_kl: float
+
+
+def decision(host, hidden: torch.Tensor, truth: torch.Tensor) -> Decision:
     """Top-1 and top-5 agreement and mean KL(truth || graph) of the logits at every position (a graph
     output that is not finite agrees nowhere, at infinite KL)."""
     if not bool(torch.isfinite(hidden).all()):
-        return {"top1_agreement": 0.0, "top5_agreement": 0.0, "mean_kl": float("inf")}
+        return Decision(top1_agreement=0.0, top5_agreement=0.0, mean_kl=float("inf"))
     got, want = logits(host.lm_head, hidden), logits(host.lm_head, truth)
     top1 = float((got.argmax(-1) == want.argmax(-1)).double().mean())
     got5, want5 = got.topk(TOP, dim=-1).indices, want.topk(TOP, dim=-1).indices
     top5 = float((want5[..., :, None] == got5[..., None, :]).any(-1).double().mean())
     log_p, log_q = want.double().log_softmax(-1), got.double().log_softmax(-1)
     kl = float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
-    return {"top1_agreement": top1, "top5_agreement": top5, "mean_kl": kl}
+    return Decision(top1_agreement=top1, top5_agreement=top5, mean_kl=kl)
 
 
-def row(kind: str, n: int, hidden: torch.Tensor, truth: torch.Tensor, host) -> dict[str, str | int | float]:
+@dataclass(frozen=True)
+class QuantizationRow(Record):
+    """One record of a graph against the unquantized truth: its kind and real tokens, the hidden
+    states' two figures (scripts/checks/compare.py) and the host's Decision."""
+
+    record: str
+    n_real: int
+    rel_vs_unquantized_f64: float
+    rel_per_position_vs_unquantized_f64: float
+    top1_agreement: float
+    top5_agreement: float
+    mean_kl: float
+
+
+def row(kind: str, n: int, hidden: torch.Tensor, truth: torch.Tensor, host) -> QuantizationRow:
     """One record: a graph's hidden [n, H] at the real positions against the unquantized truth."""
-    return {
-        "record": kind,
-        "n_real": n,
+    made = decision(host, hidden, truth)
+    return QuantizationRow(
+        record=kind,
+        n_real=n,
         **compare.figures("vs_unquantized_f64", hidden, truth),
-        **decision(host, hidden, truth),
-    }
+        top1_agreement=made.top1_agreement,
+        top5_agreement=made.top5_agreement,
+        mean_kl=made.mean_kl,
+    )
 
 
-def summary(rows: list[dict]) -> dict[str, float | None]:
-    """The worst of a graph's records: largest errors and KL, smallest agreements."""
-    return {
-        "max_rel_vs_unquantized_f64": compare.worst(rows, "rel_vs_unquantized_f64"),
-        "max_rel_per_position_vs_unquantized_f64": compare.worst(rows, "rel_per_position_vs_unquantized_f64"),
-        "min_top1_agreement": min(r["top1_agreement"] for r in rows),
-        "min_top5_agreement": min(r["top5_agreement"] for r in rows),
-        "max_mean_kl": compare.worst(rows, "mean_kl"),
-    }
+@dataclass(frozen=True)
+class QuantizationEffect(Record):
+    """A graph's effect of the stored weights (results/tflite_L{L}.json `quantization_effect`, the
+    weights bench's): the worst of its records (largest errors and KL, smallest agreements) and each
+    record's QuantizationRow."""
+
+    max_rel_vs_unquantized_f64: float | None
+    max_rel_per_position_vs_unquantized_f64: float | None
+    min_top1_agreement: float
+    min_top5_agreement: float
+    max_mean_kl: float | None
+    rows: list[QuantizationRow]
+
+
+def summary(rows: list[QuantizationRow]) -> QuantizationEffect:
+    """The worst of a graph's records, with the records (NaN wins each largest: compare.largest)."""
+    return QuantizationEffect(
+        max_rel_vs_unquantized_f64=compare.largest(r.rel_vs_unquantized_f64 for r in rows),
+        max_rel_per_position_vs_unquantized_f64=compare.largest(r.rel_per_position_vs_unquantized_f64 for r in rows),
+        min_top1_agreement=min(r.top1_agreement for r in rows),
+        min_top5_agreement=min(r.top5_agreement for r in rows),
+        max_mean_kl=compare.largest(r.mean_kl for r in rows),
+        rows=list(rows),
+    )

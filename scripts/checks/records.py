@@ -5,11 +5,30 @@ before any stage runs, not by verify_model after it removed its outputs."""
 
 from __future__ import annotations
 
+import dataclasses
 
-def row_tokens(length: int) -> dict[str, int]:
+
+@dataclasses.dataclass(frozen=True)
+class RowTokens:
+    """How many real tokens each row record holds, by kind (a field's name is the record's kind)."""
+
+    full: int
+    padded: int
+    one_token: int
+
+    def items(self) -> list[tuple[str, int]]:
+        """(kind, real tokens) of every row record, in this order."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+ROW_KINDS = tuple(f.name for f in dataclasses.fields(RowTokens))
+"""The row records' kinds, in the order the checks build them."""
+
+
+def row_tokens(length: int) -> RowTokens:
     """The row records of verify_model and verify_tflite: all L tokens, a right-padded record, and a
     single token (the most padding)."""
-    return {"full": length, "padded": length - length // 3, "one_token": 1}
+    return RowTokens(full=length, padded=length - length // 3, one_token=1)
 
 
 def causality_tokens(length: int) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from scripts.checks import records
+from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.measure import timed_runs
 from scripts.pipeline.records import Record, optional
 
@@ -22,14 +23,15 @@ def interpreter(path, threads: int | None = None):
     return CpuGraph(path, threads)
 
 
-RECORD_KINDS = ("full", "padded", "one_token")
+RECORD_KINDS = records.ROW_KINDS
 REFERENCE_KIND = "padded"  # the record a graph's reference record (scripts/release/references.py) carries
 
 
-Inputs = dict[str, torch.Tensor]  # a host-built record's named graph inputs
+RowRecords = dict[str, tuple[int, Tensors]]
+"""A row graph's host-built records by kind: {kind: (real tokens, named graph inputs)} (row_records)."""
 
 
-def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict[str, tuple[int, Inputs]]:
+def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> RowRecords:
     """The host-built records a row graph is checked on: {kind: (real tokens, inputs)}: all L tokens,
     a right-padded record, and a single token (the most padding); `kinds` of them."""
     from scripts.checks.model_check import random_ids
@@ -37,7 +39,7 @@ def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> dict[str, 
     out = {}
     real = records.row_tokens(length)
     for kind in kinds:
-        n = real[kind]
+        n = getattr(real, kind)
         inputs = host.record(random_ids(n, vocab, 11 * length + n), length)
         host.check(inputs, length)
         out[kind] = (n, inputs)
@@ -53,7 +55,7 @@ class TorchReference:
     memory_cut: torch.Tensor | None
 
 
-def torch_reference(graph, inputs: Inputs, n: int, form) -> TorchReference:
+def torch_reference(graph, inputs: Tensors, n: int, form) -> TorchReference:
     """The record's TorchReference. Computed before the interpreter loads, so the stack can be freed
     first (scripts/checks/controls.py: the memory-cut fault)."""
     from scripts.checks import controls
@@ -67,22 +69,36 @@ def torch_reference(graph, inputs: Inputs, n: int, form) -> TorchReference:
     return TorchReference(hidden, memory_cut)
 
 
-def record_row(kind: str, n: int, lite: torch.Tensor, reference: TorchReference) -> dict[str, str | int | float | bool]:
+@dataclass(frozen=True)
+class TfliteRow(Record):
+    """One record of a row graph in the interpreter against the torch row graph (results/tflite_L{L}.json
+    `rows`, judged by compare.judge as `to_json()`): its kind and real tokens, the two figures, whether
+    the output is finite, and the memory-cut control's figure where the control applies."""
+
+    record: str
+    n_real: int
+    rel_vs_torch: float
+    rel_per_position_vs_torch: float
+    finite: bool
+    control_memory_cut_rel_vs_torch: float | None = optional()
+
+
+def record_row(kind: str, n: int, lite: torch.Tensor, reference: TorchReference) -> TfliteRow:
     """One record's row: the interpreter's hidden [1, L, H] vs the torch row graph's at the n real
     positions (scripts/checks/compare.py), and the memory-cut control where it applies: the same file
     against the torch graph with the fault (torch_reference)."""
     from scripts.checks import compare
 
     lite = lite[0, :n]
-    row = {
-        "record": kind,
-        "n_real": n,
+    return TfliteRow(
+        record=kind,
+        n_real=n,
         **compare.figures("vs_torch", lite, reference.hidden),
-        "finite": bool(torch.isfinite(lite).all()),
-    }
-    if reference.memory_cut is not None:
-        row["control_memory_cut_rel_vs_torch"] = compare.rel(lite, reference.memory_cut)
-    return row
+        finite=bool(torch.isfinite(lite).all()),
+        control_memory_cut_rel_vs_torch=None
+        if reference.memory_cut is None
+        else compare.rel(lite, reference.memory_cut),
+    )
 
 
 def run(runner, inputs: dict) -> torch.Tensor:

@@ -16,6 +16,7 @@ from pathlib import Path
 from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.checks import compare, model_check, quantization_effect, tflite_check
 from scripts.checks.finish import CheckResult, GraphFindings
+from scripts.checks.quantization_effect import QuantizationEffect, QuantizationRow
 from scripts.layers import weight_precision
 from scripts.litert import tflite_file
 from scripts.pipeline import layout
@@ -41,7 +42,7 @@ class TfliteFindings(GraphFindings):
 
     length: int
     applied: weight_precision.Applied
-    effect: list[dict]
+    effect: list[QuantizationRow]
     timing: tflite_check.Latency
 
 
@@ -105,7 +106,10 @@ def verify(
         runner = interp.get_signature_runner()
         phase("LiteRT records")
         outputs = {kind: tflite_check.run(runner, inputs) for kind, (_, inputs) in records.items()}
-        rows = [tflite_check.record_row(kind, n, outputs[kind], expected[kind]) for kind, (n, _) in records.items()]
+        rows = [
+            tflite_check.record_row(kind, n, outputs[kind], expected[kind]).to_json()
+            for kind, (n, _) in records.items()
+        ]
         effect = [
             quantization_effect.row(kind, n, outputs[kind][0, :n], truths[kind], host)
             for kind, (n, _) in records.items()
@@ -149,7 +153,7 @@ class TfliteRecord(Record):
     max_rel_vs_torch: float | None
     max_rel_per_position_vs_torch: float | None
     weights: dict
-    quantization_effect: dict
+    quantization_effect: QuantizationEffect
     control_memory_cut: dict
     census: dict
     metadata: dict
@@ -175,7 +179,7 @@ def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         compare.worst(rows, "rel_vs_torch"),
         compare.worst(rows, "rel_per_position_vs_torch"),
         found.applied.to_json(),
-        {**quantization_effect.summary(found.effect), "rows": found.effect},
+        quantization_effect.summary(found.effect),
         {
             "rel_vs_torch": control,
             "over_threshold": compare.margin(control, limit),
@@ -215,7 +219,7 @@ def result(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         f"memory-cut control {compare.shown(doc.control_memory_cut['rel_vs_torch'])}; "
         f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
         f"torch/litert time {timing.torch_over_litert:.2f}x; weights {found.weights}: top-1 agreement with "
-        f"the unquantized model {doc.quantization_effect['min_top1_agreement']:.3f}"
+        f"the unquantized model {doc.quantization_effect.min_top1_agreement:.3f}"
     )
     name = f"tflite_L{length}"
     path = layout.result_path(name)
