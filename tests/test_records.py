@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from scripts.pipeline import records
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import SCHEMA, Record
 
@@ -83,3 +84,19 @@ def test_an_element_missing_a_field_is_refused_where_it_sits():
         Tree.from_json({**DOC, "leaves": [{}]}, "t.json")
     with pytest.raises(ClefError, match=r"t.json: by_mode\[a\]: no `x` in the Leaf record"):
         Tree.from_json({**DOC, "by_mode": {"a": {}}}, "t.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Keyed(Record):
+    name: str
+    global_: float = records.keyed("global")
+    small: float | None = records.keyed("max_where_abs_lt_0.1", optional=True)
+
+
+def test_a_keyed_field_stands_under_its_key_in_its_place_and_is_read_back_from_it():
+    rec = Keyed("a", 0.5, None)
+    assert list(rec.to_json().items()) == [("name", "a"), ("global", 0.5)]
+    assert Keyed.from_json({"name": "a", "global": 0.5, "max_where_abs_lt_0.1": 2.0}, "k.json").small == 2.0
+    # a document under the field's Python name is not read as the keyed field
+    with pytest.raises(ClefError, match=r"k.json: no `global` in the Keyed record"):
+        Keyed.from_json({"name": "a", "global_": 0.5}, "k.json")

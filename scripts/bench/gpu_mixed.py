@@ -28,14 +28,13 @@ from pathlib import Path
 import torch
 from ai_edge_litert.tools import flatbuffer_utils
 
-from scripts.bench.keyed_record import KeyedRecord, json_key
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, gpu_check, tflite_check
 from scripts.layers import kernel_form
 from scripts.litert import gpu_accelerator, sections, tflite_file
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError, run_command
-from scripts.pipeline.records import Record
+from scripts.pipeline.records import Record, keyed
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
 
@@ -59,11 +58,11 @@ def perturbed(embeds: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class HiddenErrors(KeyedRecord):
+class HiddenErrors(Record):
     """A final hidden state's error against float64: the whole state's (`global` in the JSON) and the worst
     position's."""
 
-    global_: float = json_key("global")
+    global_: float = keyed("global")
     worst_position: float
 
     def rounded(self) -> HiddenErrors:

@@ -32,13 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scripts.bench.keyed_record import KeyedRecord, json_key
 from scripts.checkpoint import snapshot
 from scripts.checks import compare, model_check
 from scripts.layers import gated_delta, kernel_form
 from scripts.litert import export, gpu_accelerator
 from scripts.pipeline import atomic
-from scripts.pipeline.records import Record, optional
+from scripts.pipeline.records import Record, keyed, optional
 from scripts.qwen35 import patch
 from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill
@@ -158,7 +157,7 @@ class FirstValues(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class OutputFigures(KeyedRecord):
+class OutputFigures(Record):
     """One output of a part: GPU fp16, torch float16 and GPU fp32 against float64 (max |x - ref| / max |ref|)
     and float64's largest magnitude; then what some parts add: where |g| < 0.1 (how many, the largest
     absolute error there), the largest elementwise relative error, log1p's fp16 zeros, the share of
@@ -169,7 +168,7 @@ class OutputFigures(KeyedRecord):
     gpu_fp32_vs_f64: float
     max_abs_f64: float
     small_g_count: int | None = optional()
-    max_abs_err_where_small_g: MaxError | None = json_key("max_abs_err_where_abs_g_lt_0.1", optional=True)
+    max_abs_err_where_small_g: MaxError | None = keyed("max_abs_err_where_abs_g_lt_0.1", optional=True)
     max_elementwise_rel: MaxError | None = optional()
     gpu_fp16_zero_up_to_x: float | None = optional()
     gpu_fp16_bitwise_equal_to_fp16_sequential_accumulation: float | None = optional()
@@ -780,11 +779,11 @@ class SplitKExactness(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class FixExactness(KeyedRecord):
+class FixExactness(Record):
     """The fix's formulas against the current ones: the softplus on a sweep, the projection on real inputs."""
 
-    softplus: SoftplusExactness = json_key("softplus_on_linspace_-80_80")
-    in_proj_qkv: SplitKExactness = json_key("in_proj_qkv_real_inputs")
+    softplus: SoftplusExactness = keyed("softplus_on_linspace_-80_80")
+    in_proj_qkv: SplitKExactness = keyed("in_proj_qkv_real_inputs")
 
 
 def exactness(c: Captured) -> FixExactness:

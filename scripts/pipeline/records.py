@@ -1,10 +1,11 @@
 """Typed records: what one stage writes and another reads, as dataclasses with one JSON schema.
 
-A record is written with `to_json` (its fields, nested records included, under their own names) and
-read back with `read`/`from_json`, which refuses a document missing a field with one line naming the
-file and the field: a renamed key surfaces where it is read, not as a KeyError three stages later.
-Keys a reader does not know are kept out of the record and do not fail it, so an older reader takes a
-newer file. SCHEMA is the version of these shapes; a record that carries `schema` is held to it.
+A record is written with `to_json` (its fields, nested records included, under their own names, or a
+key of their own: keyed()) and read back with `read`/`from_json`, which refuses a document missing a
+field with one line naming the file and the field: a renamed key surfaces where it is read, not as a
+KeyError three stages later. Keys a reader does not know are kept out of the record and do not fail it,
+so an older reader takes a newer file. SCHEMA is the version of these shapes; a record that carries
+`schema` is held to it.
 
 Each record lives beside the code that makes it (scripts/checks/*, scripts/release/*, scripts/bench/*)
 and subclasses Record; this module holds only the mechanism, so it imports nothing of ours but errors.
@@ -24,12 +25,26 @@ from scripts.pipeline.errors import ClefError
 SCHEMA = 1
 R = TypeVar("R", bound="Record")
 OMIT_IF_NONE = "omit_if_none"
+JSON_KEY = "json_key"
 
 
 def optional(default=None):
     """A field a record holds only when it has a value: left out of the JSON when None (a figure some
     runs do not measure), and None when a document lacks it."""
     return dataclasses.field(default=default, metadata={OMIT_IF_NONE: True})
+
+
+def keyed(key: str, optional: bool = False) -> Any:
+    """A field the JSON holds under `key`, a key Python cannot spell as a name (`global`, one with a dot or
+    a dash), in the field's place; `optional`: also left out when None, as optional() is."""
+    if optional:
+        return dataclasses.field(default=None, metadata={JSON_KEY: key, OMIT_IF_NONE: True})
+    return dataclasses.field(metadata={JSON_KEY: key})
+
+
+def _key(f: dataclasses.Field) -> str:
+    """The key a field stands under in the JSON: its own (keyed()) or its name."""
+    return f.metadata.get(JSON_KEY, f.name)
 
 
 def _plain(value: Any) -> Any:
@@ -88,7 +103,7 @@ class Record:
     def to_json(self) -> dict[str, Any]:
         """The record's fields, in declaration order, as JSON holds them (an `optional` one only when set)."""
         return {
-            f.name: _plain(getattr(self, f.name))
+            _key(f): _plain(getattr(self, f.name))
             for f in dataclasses.fields(self)  # type: ignore[arg-type]
             if not (f.metadata.get(OMIT_IF_NONE) and getattr(self, f.name) is None)
         }
@@ -103,11 +118,12 @@ class Record:
         hints = typing.get_type_hints(cls)
         values = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name not in doc:
+            key = _key(f)
+            if key not in doc:
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
                     continue
-                raise ClefError(f"{where}: no `{f.name}` in the {cls.__name__} record; rerun the stage that writes it")
-            values[f.name] = _read_value(hints[f.name], doc[f.name], f"{where}: {f.name}")
+                raise ClefError(f"{where}: no `{key}` in the {cls.__name__} record; rerun the stage that writes it")
+            values[f.name] = _read_value(hints[f.name], doc[key], f"{where}: {key}")
         return cls(**values)
 
     @classmethod
