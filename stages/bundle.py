@@ -15,7 +15,7 @@ from scripts.checks import bundle_check, bundle_verification
 from scripts.layers import kernel_form
 from scripts.litert import bundle
 from scripts.pipeline import atomic, layout, metrics, params
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.harness import run_stage
 
 
@@ -38,9 +38,7 @@ def main() -> None:
         metrics.write("bundle", **bundle_verification.metrics_row(doc).to_json())
         problems = doc.problems
         if problems:
-            raise ClefError(
-                f"{final.name}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if problems[1:] else "")
-            )
+            raise ClefError(f"{final.name}: {first_of(problems)}")
         atomic.swap_in_dir(build, layout.BUNDLE)
     finally:
         shutil.rmtree(build, ignore_errors=True)

@@ -12,7 +12,7 @@ persistent output (DVC does not delete it before the run), so a refused run leav
 from pathlib import Path
 
 from scripts.pipeline import atomic, bounds, layout, params
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.harness import run_stage
 from scripts.release import signing
 
@@ -23,8 +23,7 @@ def main() -> None:
         signing.load_private_key(p["release"]["signing_key"], repo=Path.cwd())
     failing = bounds.problems(p)
     if failing:
-        more = f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""
-        raise ClefError(failing[0] + more)
+        raise ClefError(first_of(failing))
     atomic.write_text(layout.PARAMS_CHECKED, "params.yaml passed the schema of scripts/pipeline/params.py\n")
     print("check_params: params.yaml is valid")
 

@@ -96,3 +96,8 @@ def test_any_other_permission_refusal_is_one_line_naming_the_path(capsys):
     assert exit_.value.code == errors.EXIT_BAD_INPUT
     said = capsys.readouterr().err
     assert said == "error: permission denied: cannot write or read /root/secret (Permission denied)\n"
+
+
+def test_first_of_names_the_first_problem_and_counts_the_rest():
+    assert errors.first_of(["a is bad"]) == "a is bad"
+    assert errors.first_of(["a is bad", "b is bad", "c is bad"]) == "a is bad (and 2 more)"

@@ -37,7 +37,7 @@ def test_a_failing_check_leaves_its_figures_then_fails_naming_the_first_problem(
     monkeypatch.chdir(tmp_path)
     bad = ["record=full: rel_vs_torch 0.2 > 0.0001", "record=padded: an output is not finite"]
     with pytest.raises(
-        ClefError, match=r"^verify_tflite L=64 failed: record=full: rel_vs_torch 0.2 > 0.0001 \(2 problems\)$"
+        ClefError, match=r"^verify_tflite L=64 failed: record=full: rel_vs_torch 0.2 > 0.0001 \(and 1 more\)$"
     ):
         finish(result(tmp_path, bad))
     assert json.loads((tmp_path / layout.metrics_path("tflite_L64")).read_text())["passed"] is False

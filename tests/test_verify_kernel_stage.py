@@ -56,7 +56,7 @@ def test_threshold_crossed_names_the_row(workdir):
         "check=R64+sp+ec+dd+vs6, L=256, regime=strong_decay",
         "> 1e-09",
     )
-    assert "problems)" in line
+    assert "more)" in line
 
 
 def test_form_not_finite_in_fp16_fails(workdir):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from scripts.checkpoint.snapshot import SnapshotRecord, check_readable, record, sha256_file, snapshot_dir
 from scripts.pipeline import atomic
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline.errors import ClefError, first_of
 
 if TYPE_CHECKING:
     from huggingface_hub.hf_api import RepoSibling
@@ -174,11 +174,9 @@ def check_download(snapshot: Path, repo: str, revision: str, listed: HubFiles) -
     if bad:
         for name in bad:
             forget(snapshot / name)
-        name, why = next(iter(bad.items()))
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise ClefError(
-            f"downloaded {name} of {repo}@{revision[:12]} is corrupt: {why}{more}; the file was "
-            f"removed from {snapshot.parents[3].name}/, so a rerun downloads it again"
+            f"downloaded {next(iter(bad))} of {repo}@{revision[:12]} is corrupt: {first_of(list(bad.values()))}; "
+            f"the file was removed from {snapshot.parents[3].name}/, so a rerun downloads it again"
         )
 
 

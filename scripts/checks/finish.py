@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scripts.pipeline import atomic, metrics
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline.errors import ClefError, first_of
 
 if TYPE_CHECKING:  # a type only: the kernel and layer checks run no reference record
     from scripts.release.references import ReferenceFigures
@@ -58,4 +58,4 @@ def finish(result: CheckResult) -> None:
     for line in result.lines:
         print(line, flush=True)
     if result.problems:
-        raise ClefError(f"{result.stage} failed: {result.problems[0]} ({len(result.problems)} problems)")
+        raise ClefError(f"{result.stage} failed: {first_of(result.problems)}")

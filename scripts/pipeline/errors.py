@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 EXIT_BAD_INPUT = 2
 
 
 class ClefError(Exception):
     """Bad input or a broken contract, reported as one line naming the problem."""
+
+
+def first_of(problems: Sequence[str]) -> str:
+    """The first of several problems as one line, with how many more there are: `x (and 2 more)`."""
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C

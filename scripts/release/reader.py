@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from scripts.checkpoint.snapshot import sha256_file
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import checkpoint_layout
 from scripts.release.signing import SIGNATURE
@@ -275,6 +275,5 @@ def graph_identity(root: Path, manifest: dict, name: str) -> list[str]:
             if shapes[called][side].get(e["name"]) != e["shape"]
         ]
         if off:
-            more = f" (and {len(off) - 1} more)" if len(off) > 1 else ""
-            problems.append(f"signature {called!r}: {off[0]}{more}")
+            problems.append(f"signature {called!r}: {first_of(off)}")
     return problems
