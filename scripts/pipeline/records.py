@@ -5,8 +5,8 @@ key of their own: keyed()) and read back with `read`/`from_json`, which refuses 
 field with one line naming the file and the field: a renamed key surfaces where it is read, not as a
 KeyError three stages later. Keys a reader does not know are kept out of the record and do not fail it,
 so an older reader takes a newer file. A field that is one of several records (`A | B`) is read as the
-one whose required fields the document has; refused with one line when none or more than one does. SCHEMA is the version of these shapes; a record that carries
-`schema` is held to it.
+one whose required fields the document has, refused with one line when none or more than one does.
+SCHEMA is the version of these shapes; a record that carries `schema` is held to it.
 
 Each record lives beside the code that makes it (scripts/checks/*, scripts/release/*, scripts/bench/*)
 and subclasses Record; this module holds only the mechanism, so it imports nothing of ours but errors.
