@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from scripts.pipeline.mappings import ForeignJson
 from scripts.pipeline.provenance import GitState
 from scripts.pipeline.records import Record, optional
-from scripts.release.builder import FileTable, HostSection, LockedStages, SignatureTensors
 from scripts.release.signing import Signed, Unsigned
 
 if TYPE_CHECKING:
@@ -64,6 +64,74 @@ class ModelSection(Record):
     def of(cls, rec: SnapshotRecord) -> ModelSection:
         files = sorted(rec.files, key=lambda e: e.name)
         return cls(rec.repo, rec.revision, rec.source, {e.name: {"sha256": e.sha256, "size": e.size} for e in files})
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTensor(Record):
+    """One host table the release describes: its checkpoint key, dtype, shape, sha256 of its raw bytes
+    (reader.tensor_sha256) and the checkpoint file holding it."""
+
+    key: str
+    dtype: str
+    shape: list[int]
+    sha256: str
+    source_file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSection(Record):
+    """The manifest's `host` entry: release.host_weights, the host tables by role (reader.HOST_TENSORS),
+    and the release file holding them (None unless the mode is `include`)."""
+
+    weights: str
+    tensors: dict[str, HostTensor]
+    weights_file: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureTensor(Record):
+    """One input or output of a signature as the file has it (tflite_file.census: name, shape, dtype),
+    with the contract's meaning (None where the contract gives none)."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    meaning: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureTensors(Record):
+    """A signature's inputs and outputs (each by name), the manifest's `signatures` entry for it."""
+
+    inputs: list[SignatureTensor]
+    outputs: list[SignatureTensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class LockedStage(Record):
+    """A stage's dvc.lock entry as the manifest's `stages` records it: its command, the md5 of each
+    dependency and output by path (None where dvc.lock has none), and its params as dvc.lock holds them."""
+
+    cmd: str | None
+    deps: dict[str, str | None]
+    outs: dict[str, str | None]
+    params: ForeignJson
+
+
+LockedStages = dict[str, LockedStage]
+"""Stage name -> its dvc.lock entry."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry(Record):
+    """A release file's `files` entry in the manifest: its sha256 and size in bytes."""
+
+    sha256: str
+    size: int
+
+
+FileTable = dict[str, FileEntry]
+"""A release file's path (relative to the release) -> its entry."""
 
 
 @dataclasses.dataclass(frozen=True)

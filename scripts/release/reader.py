@@ -21,12 +21,11 @@ from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import checkpoint_layout
+from scripts.release.manifest import ArtifactEntry, Artifacts, FileEntry, Manifest
 from scripts.release.signing import SIGNATURE
 
 if TYPE_CHECKING:
     from scripts.pipeline.mappings import Tensors
-    from scripts.release.builder import FileEntry
-    from scripts.release.manifest import ArtifactEntry, Artifacts, Manifest
 
 # 2: `signing`, and `max_over_recorded` in every reference entry; 3: `artifacts` keyed by graph name, each
 # naming the `file` that holds it and its `signature_names` there (a bundle holds them all), `layout`, `bundle`
@@ -169,7 +168,6 @@ def load_manifest(root: Path) -> Manifest:
     """A release's manifest, refused (one line) unless it is a JSON object of this FORMAT whose TABLES
     are objects of objects, then holding every field of a Manifest (one line naming the file and the
     first it lacks): every command reads it here, so none meets a list where it indexes a table."""
-    from scripts.release.manifest import Manifest  # here: manifest.py imports builder, which imports this
 
     path = Path(root) / MANIFEST
     if not path.is_file():
