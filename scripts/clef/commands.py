@@ -437,7 +437,7 @@ def verify_directory(root: Path, args) -> int:
     arts = manifest.artifacts
     by_file: dict[str, list[str]] = {}
     for name in sorted(arts):
-        by_file.setdefault(arts[name]["file"], []).append(name)
+        by_file.setdefault(arts[name].file, []).append(name)
     done = 0
     for file, names in by_file.items():
         census = tflite_file.census(root / file)
