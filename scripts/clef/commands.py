@@ -103,7 +103,7 @@ def check_graph(root: Path, manifest: Manifest, name: str) -> None:
     if not differs:
         entry = manifest.files[file]
         if entry.size >= ANNOUNCE_HASH_BYTES:
-            progress(f"run: hashing {file} ({entry['size'] / 1e9:.1f} GB) against the manifest before loading it")
+            progress(f"run: hashing {file} ({entry.size / 1e9:.1f} GB) against the manifest before loading it")
         differs = [why] if (why := reader.changed(root, file, entry)) else []
     if differs:
         raise ClefError(f"{root / file} is not the {name} the manifest names: {'; '.join(differs)}; not running it")
@@ -200,7 +200,7 @@ def run(args) -> int:
                 rows,
                 lambda a: a[1].L >= len(ids),
                 "row graph",
-                f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})",
+                f"{len(ids)} tokens (largest L is {rows[-1][1].L if rows else 'none'})",
             )
         check_graph(root, manifest, path)
         signature = graph_signatures(root, art, args.gpu, precision)
