@@ -218,10 +218,6 @@ class ArtifactEntry(Record):
     gpu: GpuFigures | GpuRefused
     reference: Reference
 
-    def shape(self) -> dict[str, int]:
-        """{L} of a row, {P, S} of a pair: the keys of its shape that it has."""
-        return {k: v for k in ("L", "P", "S") if (v := getattr(self, k)) is not None}
-
 
 Artifacts = dict[str, ArtifactEntry]
 """Graph name -> its manifest entry."""

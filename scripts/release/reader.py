@@ -147,7 +147,9 @@ class GraphIdentity(Record):
 
 def expected_metadata(manifest: Manifest, artifact: ArtifactEntry) -> GraphIdentity:
     """What a release's graph must say of itself given its manifest entry."""
-    return GraphIdentity(manifest.model.revision, manifest.form, manifest.weights, artifact.kind, **artifact.shape())
+    return GraphIdentity(
+        manifest.model.revision, manifest.form, manifest.weights, artifact.kind, artifact.L, artifact.P, artifact.S
+    )
 
 
 def json_kind(value) -> str:
