@@ -208,7 +208,7 @@ def graph_file(root: Path, name: str = ROW) -> str:
     """The release path of the file that holds graph `name` (the bundle, by default)."""
     from scripts.release import reader
 
-    return reader.load_manifest(root)["artifacts"][name]["file"]
+    return reader.load_manifest(root).artifacts[name].file
 
 
 @pytest.fixture

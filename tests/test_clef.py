@@ -25,9 +25,9 @@ def test_clef_verify_passes_on_the_release(built):
     proc = clef(built.parent, "verify", str(built))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     manifest = reader.load_manifest(built)
-    for path in manifest["artifacts"]:
+    for path in manifest.artifacts:
         assert f"ok   {path}" in proc.stdout
-    assert "all checks passed" in proc.stdout and f"[{len(manifest['artifacts'])}/" in proc.stderr  # progress
+    assert "all checks passed" in proc.stdout and f"[{len(manifest.artifacts)}/" in proc.stderr  # progress
 
 
 def test_clef_verify_json_reports_each_graphs_figures(built):
@@ -36,12 +36,12 @@ def test_clef_verify_json_reports_each_graphs_figures(built):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     manifest = reader.load_manifest(built)
-    assert doc["passed"] is True and doc["problems"] == [] and doc["name"] == manifest["name"]
+    assert doc["passed"] is True and doc["problems"] == [] and doc["name"] == manifest.name
     assert doc["clef"].startswith("clef-litert ") and doc["signature"]["state"] in ("unsigned", "not checked")
-    assert set(doc["graphs"]) == set(manifest["artifacts"])
+    assert set(doc["graphs"]) == set(manifest.artifacts)
     for name, g in doc["graphs"].items():
-        ref = manifest["artifacts"][name]["reference"]
-        assert g["passed"] and g["release_max_rel"] == ref["max_rel"] and g["max_rel"] <= g["threshold"], name
+        ref = manifest.artifacts[name].reference
+        assert g["passed"] and g["release_max_rel"] == ref.max_rel and g["max_rel"] <= g["threshold"], name
         assert f"ok   {name}: max rel {g['max_rel']:.2e}" in proc.stderr
     assert "all checks passed" in doc["summary"]
 
@@ -78,11 +78,11 @@ def test_clef_verify_takes_the_tarball_a_device_team_receives(built, tmp_path):
     device team's venv, with torch, transformers and litert-torch unimportable (the records run as numpy
     arrays, the figures through the same error metric). Only --gpu asks for torch, in one line."""
     manifest = reader.load_manifest(built)
-    shutil.copy(built.parent / "dist" / (manifest["name"] + builder.TARBALL_SUFFIX), tmp_path)
+    shutil.copy(built.parent / "dist" / (manifest.name + builder.TARBALL_SUFFIX), tmp_path)
     (received,) = tmp_path.iterdir()
     proc = clef_without_torch(tmp_path, "verify", str(received))
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert all(f"ok   {name}" in proc.stdout for name in manifest["artifacts"])
+    assert all(f"ok   {name}" in proc.stdout for name in manifest.artifacts)
     with_torch = clef(tmp_path, "verify", str(received))
     assert with_torch.returncode == 0
     assert [line for line in proc.stdout.splitlines() if line.startswith("ok")] == [
@@ -95,16 +95,16 @@ def test_clef_verify_takes_the_tarball_a_device_team_receives(built, tmp_path):
 
 def test_manifest_records_the_gpu_figures_and_clef_verify_gpu_reruns_them(built):
     manifest = reader.load_manifest(built)
-    for path, art in manifest["artifacts"].items():
-        g = art["gpu"]
-        assert g["fully_accelerated"] and g["all_finite"] and g["device"]["adapter"], path
-        assert g["fp32_max_rel_vs_torch"] <= g["threshold_fp32"] and g["floor_max_rel_vs_f64"] > 0, path
-        assert g["modes"]["mixed"]["probe"]["arithmetic"] == "mixed" and g["modes"]["mixed"]["fully_accelerated"], path
+    for path, art in manifest.artifacts.items():
+        g = art.gpu
+        assert g.fully_accelerated and g.all_finite and g.device["adapter"], path
+        assert g.fp32_max_rel_vs_torch <= g.threshold_fp32 and g.floor_max_rel_vs_f64 > 0, path
+        assert g.modes["mixed"]["probe"]["arithmetic"] == "mixed" and g.modes["mixed"]["fully_accelerated"], path
     card = (built / "README.md").read_text()
     assert "kLiteRtDelegatePrecisionFp16WithFp32Accum" in card and "mixed vs float64" in card
     proc = clef(built.parent, "verify", "--gpu", str(built))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for path in manifest["artifacts"]:
+    for path in manifest.artifacts:
         for mode in ("fp32", "fp16", "mixed"):
             assert re.search(rf"ok   {re.escape(path)}: GPU {mode} on .+: max rel", proc.stdout), (
                 path,
@@ -211,13 +211,13 @@ def test_clef_verify_runs_the_reference_records(release_copy):
 
 def test_clef_audit_names_revision_and_form(pipeline, built):
     manifest = reader.load_manifest(built)
-    for path in {a["file"] for a in manifest["artifacts"].values()}:
+    for path in {a.file for a in manifest.artifacts.values()}:
         proc = clef(built, "audit", path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert manifest["model"]["revision"] in proc.stdout and f"form {manifest['form']}" in proc.stdout
+        assert manifest.model.revision in proc.stdout and f"form {manifest.form}" in proc.stdout
         assert re.search(r"commit: +[0-9a-f]{40} \(clean\)", proc.stdout), proc.stdout
         assert "agrees" in proc.stdout and '"form": "' in proc.stdout  # the params it read
-        for name in manifest["artifacts"]:  # a bundle: each graph it holds, by name
+        for name in manifest.artifacts:  # a bundle: each graph it holds, by name
             assert f"graph:     {name}: " in proc.stdout, proc.stdout
     outside = clef(pipeline["repo"], "audit", "artifacts/rows/row_L64.tflite")
     assert outside.returncode == 0 and "none beside this file" in outside.stdout
@@ -268,15 +268,15 @@ def test_clef_run_matches_the_torch_row_graph(built, tiny_snapshot):
     assert ids == ref_host.encode("a decision to make")
     record = host.record(ids, 64)
     assert all(torch.equal(record[k], ref_host.record(ids, 64)[k]) for k in record)
-    model, _, _ = patch.load(tiny_snapshot, manifest["form"], progress=False)
+    model, _, _ = patch.load(tiny_snapshot, manifest.form, progress=False)
     with torch.no_grad():
         ref = row_graph.ClefRowPrefill(model, 64)(**record)["hidden"][0, : len(ids)]
-    art = manifest["artifacts"][ROW]
-    runner = interpreter(built / art["file"]).get_signature_runner(art["signature_names"]["serving_default"])
+    art = manifest.artifacts[ROW]
+    runner = interpreter(built / art.file).get_signature_runner(art.signature_names["serving_default"])
     out = litert_signature(runner)(**record)["hidden"]
     from scripts.checks import compare
 
-    bounds = params.bounds(manifest["params"], "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
+    bounds = params.bounds(manifest.params, "verify_tflite", ("rel_vs_torch", "rel_per_position_vs_torch"))
     assert compare.judge([compare.figures("vs_torch", out[0, : len(ids)], ref)], bounds) == []
 
 
@@ -625,8 +625,8 @@ def test_a_flipped_byte_in_a_shared_weight_fails_every_graph_that_reads_it(relea
     file = graph_file(release_copy)
     offset, readers = readers_of_largest_weight(release_copy / file)
     manifest = reader.load_manifest(release_copy)
-    failing = {n for n, a in manifest["artifacts"].items() if set(a["signature_names"].values()) & readers}
-    assert len(readers) > 1 and failing == set(manifest["artifacts"]), (readers, failing)  # read by every signature
+    failing = {n for n, a in manifest.artifacts.items() if set(a.signature_names.values()) & readers}
+    assert len(readers) > 1 and failing == set(manifest.artifacts), (readers, failing)  # read by every signature
     data = bytearray((release_copy / file).read_bytes())
     data[offset + 3] ^= 0x40  # the high byte of the first float: its exponent
     (release_copy / file).write_bytes(bytes(data))

@@ -100,3 +100,43 @@ def test_a_keyed_field_stands_under_its_key_in_its_place_and_is_read_back_from_i
     # a document under the field's Python name is not read as the keyed field
     with pytest.raises(ClefError, match=r"k.json: no `global` in the Keyed record"):
         Keyed.from_json({"name": "a", "global_": 0.5}, "k.json")
+
+
+# a field that is one of several records is read as the one whose required fields the document has
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran(Record):
+    ok: bool
+    figure: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused(Record):
+    ok: bool
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Either(Record):
+    outcome: Ran | Refused
+    maybe: Ran | Refused | None = None
+
+
+def test_a_union_of_records_is_read_as_the_one_whose_fields_the_document_has():
+    for rec in (Either(Ran(True, 1.5)), Either(Refused(False, "int8"), Ran(True, 2.0))):
+        assert Either.from_json(json.loads(json.dumps(rec.to_json())), "x") == rec
+    assert type(Either.from_json({"outcome": {"ok": False, "why": "w"}}, "x").outcome) is Refused
+
+
+@pytest.mark.parametrize(
+    "outcome, says",
+    [
+        ({"ok": True}, "fit 0 of Ran or Refused"),
+        ({"ok": True, "figure": 1.0, "why": "w"}, "fit 2 of Ran or Refused"),
+        ([1], "expected a Ran or Refused record"),
+    ],
+)
+def test_a_union_of_records_none_or_several_of_which_fit_is_one_line(outcome, says):
+    with pytest.raises(ClefError, match=f"x: outcome: .*{says}"):
+        Either.from_json({"outcome": outcome}, "x")

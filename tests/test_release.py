@@ -15,28 +15,44 @@ import torch
 from scripts.checkpoint import snapshot
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
-from scripts.release import builder, reader, references
+from scripts.pipeline.provenance import GitState
+from scripts.release import builder, reader, references, signing
+from scripts.release.manifest import Manifest, ModelSection
 from tests.conftest import assert_one_line_error, run_stage
 
 
-def small_release(root: Path) -> dict:
-    """A directory with a manifest listing its files, as the release stage writes it."""
+def small_release(root: Path) -> Manifest:
+    """A directory with a manifest listing its files, as the release stage writes it (no graphs)."""
     (root / "rows").mkdir(parents=True)
     (root / "rows" / "a.tflite").write_bytes(bytes(range(256)) * 4)
     (root / "host").mkdir()
     (root / "host" / "config.json").write_text("{}")
-    manifest = {
-        "format": reader.FORMAT,
-        "artifacts": {},
-        "files": {k: e.to_json() for k, e in builder.file_table(root).items()},
-    }
-    atomic.write_json(root / reader.MANIFEST, manifest)
+    manifest = Manifest(
+        reader.FORMAT,
+        "small",
+        "files",
+        None,
+        ModelSection("org/model", "0" * 40, "hub", {}),
+        "R64",
+        "fp32",
+        {},
+        {},
+        GitState(None, None, []),
+        builder.HostSection("reference", {}, None),
+        {},
+        {},
+        {},
+        builder.file_table(root),
+        signing.Unsigned(False, "no key"),
+    )
+    atomic.write_json(root / reader.MANIFEST, manifest.to_json())
     return manifest
 
 
 def test_check_files_passes_an_untouched_release(tmp_path):
     manifest = small_release(tmp_path)
-    assert set(manifest["files"]) == {"rows/a.tflite", "host/config.json"}
+    assert set(manifest.files) == {"rows/a.tflite", "host/config.json"}
+    assert reader.load_manifest(tmp_path) == manifest
     assert reader.check_files(tmp_path, reader.load_manifest(tmp_path)) == []
 
 
@@ -157,69 +173,68 @@ def test_release_stage_refuses_an_unknown_host_weights_mode(workdir):
 def test_make_release_output(pipeline, built):
     manifest = reader.load_manifest(built)
     p = params.load(path=pipeline["repo"] / "params.yaml")
-    rows = {a["L"] for a in manifest["artifacts"].values() if a["kind"] == "row"}
-    pairs = {(a["P"], a["S"]) for a in manifest["artifacts"].values() if a["kind"] == "pair"}
+    rows = {a.L for a in manifest.artifacts.values() if a.kind == "row"}
+    pairs = {(a.P, a.S) for a in manifest.artifacts.values() if a.kind == "pair"}
     assert rows == set(p["lengths"]) and pairs == {(q["prefix"], q["suffix"]) for q in p["pairs"]}
-    assert manifest["form"] == p["form"] and manifest["params"] == p
-    assert manifest["git"]["clean"] is True and len(manifest["git"]["commit"]) == 40
+    assert manifest.form == p["form"] and manifest.params == p
+    assert manifest.git.clean is True and len(manifest.git.commit) == 40
     snap = json.loads((pipeline["repo"] / "results/snapshot.json").read_text())
-    assert manifest["model"]["revision"] == snap["revision"]
-    assert {f: e["sha256"] for f, e in manifest["model"]["snapshot_files"].items()} == {
+    assert manifest.model.revision == snap["revision"]
+    assert {f: e["sha256"] for f, e in manifest.model.snapshot_files.items()} == {
         e["name"]: e["sha256"] for e in snap["files"]
     }
-    assert manifest["layout"] == p["release"]["layout"] == "bundle"
+    assert manifest.layout == p["release"]["layout"] == "bundle"
     assert not (built / "rows").exists() and not (built / "pairs").exists(), "per-graph copies in a bundle release"
-    bundled = manifest["bundle"]
-    assert {a["file"] for a in manifest["artifacts"].values()} == {bundled["file"]}
-    assert bundled["duplicate_constants"] == {"buffers": 0, "bytes": 0}  # every weight stored once
-    assert set(bundled["identity_vs_own_file"]) == {"cpu", "gpu fp32", "gpu fp16", "gpu mixed"}
+    bundled = manifest.bundle
+    assert {a.file for a in manifest.artifacts.values()} == {bundled.file}
+    assert bundled.duplicate_constants == {"buffers": 0, "bytes": 0}  # every weight stored once
+    assert set(bundled.identity_vs_own_file) == {"cpu", "gpu fp32", "gpu fp16", "gpu mixed"}
     assert all(
-        v["identical"] and v["signatures_run"] == len(manifest["artifacts"])
-        for v in bundled["identity_vs_own_file"].values()
+        v["identical"] and v["signatures_run"] == len(manifest.artifacts) for v in bundled.identity_vs_own_file.values()
     )
-    workspace_bundle = pipeline["repo"] / layout.BUNDLE / Path(bundled["file"]).name
-    for path, art in manifest["artifacts"].items():
+    workspace_bundle = pipeline["repo"] / layout.BUNDLE / Path(bundled.file).name
+    for path, art in manifest.artifacts.items():
         # the packaged bundle is the one the bundle stage wrote (dvc.lock holds its directory's hash)
-        assert art["dvc_lock"]["stage"] == "bundle" and art["sha256"] == snapshot.sha256_file(workspace_bundle), path
+        assert art.dvc_lock.stage == "bundle" and art.sha256 == snapshot.sha256_file(workspace_bundle), path
         # the reference record is the one its verify stage computed with the torch model
         computed = pipeline["repo"] / layout.reference_path(Path(path))
-        assert manifest["files"][art["reference"]["file"]]["sha256"] == snapshot.sha256_file(computed), path
-        ref = art["reference"]
-        assert ref["max_rel"] <= ref["threshold"] and ref["max_rel_per_position"] <= ref["threshold_per_position"]
+        assert manifest.files[art.reference.file].sha256 == snapshot.sha256_file(computed), path
+        ref = art.reference
+        assert ref.max_rel <= ref.threshold and ref.max_rel_per_position <= ref.threshold_per_position
         # the release ran no graph: its figures are what the verify stage measured on that very record,
         # and what running it through the packaged graph (as `clef verify` does) gives, to the last bit
         measured = json.loads((pipeline["repo"] / layout.reference_figures_path(Path(path))).read_text())
-        assert measured["record_sha256"] == manifest["files"][ref["file"]]["sha256"], path
-        record = references.load_reference(built, ref["file"])
-        rerun = references.run_reference(built / art["file"], art["kind"], record, names=art["signature_names"])
+        assert measured["record_sha256"] == manifest.files[ref.file].sha256, path
+        record = references.load_reference(built, ref.file)
+        rerun = references.run_reference(built / art.file, art.kind, record, names=art.signature_names)
         assert (
-            (ref["max_rel"], ref["max_rel_per_position"])
+            (ref.max_rel, ref.max_rel_per_position)
             == (
                 measured["rel_vs_expected"],
                 measured["rel_per_position_vs_expected"],
             )
             == (rerun.rel_vs_expected, rerun.rel_per_position_vs_expected)
         ), path
-        for sig in art["signatures"].values():
-            assert all(e["meaning"] and e["shape"] and e["dtype"] == "float32" for e in sig["inputs"] + sig["outputs"])
-    assert {"fetch", "stack", "verify_kernel", "export_stock"} <= set(manifest["stages"])
-    assert all(stage["deps"] or stage["outs"] for stage in manifest["stages"].values())
-    assert manifest["host"]["weights"] == "include" and (built / reader.HOST_WEIGHTS).is_file()
+        for sig in art.signatures.values():
+            assert all(e.meaning and e.shape and e.dtype == "float32" for e in sig.inputs + sig.outputs)
+    assert {"fetch", "stack", "verify_kernel", "export_stock"} <= set(manifest.stages)
+    assert all(stage.deps or stage.outs for stage in manifest.stages.values())
+    assert manifest.host.weights == "include" and (built / reader.HOST_WEIGHTS).is_file()
     assert (built / "host" / "tokenizer.json").is_file() and (built / reader.CARD).is_file()
     card_text = (built / reader.CARD).read_text()  # the tiny snapshot has no model card of its own: said so
-    assert card_text.startswith(f"---\nbase_model: {manifest['model']['repo']}\n") and "license:" not in card_text
+    assert card_text.startswith(f"---\nbase_model: {manifest.model.repo}\n") and "license:" not in card_text
     assert "carries no model card" in card_text
     for picture in ("pictures/errors.svg", "pictures/gpu_modes.svg", "pictures/positions.svg"):  # hashed like all
-        assert f"]({picture})" in card_text and picture in manifest["files"], picture
-    for path, art in manifest["artifacts"].items():  # the per-position picture's curves, one figure a position
-        curve, record = art["reference"]["positions"], references.load_reference(built, art["reference"]["file"])
-        assert len(curve) == record["expected"].shape[1] and max(curve) == art["reference"]["max_rel_per_position"]
-        gpu = art["gpu"]["positions"]
+        assert f"]({picture})" in card_text and picture in manifest.files, picture
+    for path, art in manifest.artifacts.items():  # the per-position picture's curves, one figure a position
+        curve, record = art.reference.positions, references.load_reference(built, art.reference.file)
+        assert len(curve) == record["expected"].shape[1] and max(curve) == art.reference.max_rel_per_position
+        gpu = art.gpu.positions
         assert {"fp32_vs_torch", "fp16_vs_f64", "mixed_vs_f64", "floor_vs_f64"} <= set(gpu), path
         assert {len(v) for k, v in gpu.items() if k != "record"} == {len(curve)}, path
     tarballs = list((built.parent / "dist").glob("*" + builder.TARBALL_SUFFIX))
-    assert [t.name for t in tarballs] == [manifest["name"] + builder.TARBALL_SUFFIX]
-    assert snap["revision"][:12] in manifest["name"] and p["form"] in manifest["name"]
+    assert [t.name for t in tarballs] == [manifest.name + builder.TARBALL_SUFFIX]
+    assert snap["revision"][:12] in manifest.name and p["form"] in manifest.name
 
 
 def test_the_release_is_signed_with_the_params_key(pipeline, built):
@@ -227,9 +242,9 @@ def test_the_release_is_signed_with_the_params_key(pipeline, built):
 
     manifest = reader.load_manifest(built)
     fingerprint = signing.fingerprint(signing.load_public_key(pipeline["public_key"]))
-    assert manifest["signing"]["signed"] and manifest["signing"]["key_fingerprint"] == fingerprint
-    assert signing.claimed_key(built) == fingerprint and signing.SIGNATURE not in manifest["files"]
-    key_path = str(manifest["params"]["release"]["signing_key"])
+    assert manifest.signing.signed and manifest.signing.key_fingerprint == fingerprint
+    assert signing.claimed_key(built) == fingerprint and signing.SIGNATURE not in manifest.files
+    key_path = str(manifest.params["release"]["signing_key"])
     key_bytes = Path(key_path).read_bytes()
     for f in [*built.rglob("*"), pipeline["repo"] / "dvc.lock"]:  # the private key's bytes go nowhere
         assert not f.is_file() or key_bytes not in f.read_bytes(), f
@@ -237,7 +252,7 @@ def test_the_release_is_signed_with_the_params_key(pipeline, built):
     assert "## Signature" in (built / reader.CARD).read_text() and fingerprint in (built / reader.CARD).read_text()
     tarball = next((built.parent / "dist").glob("*" + builder.TARBALL_SUFFIX))
     with builder.open_tarball(tarball) as tar:
-        assert f"{manifest['name']}/{signing.SIGNATURE}" in tar.getnames()
+        assert f"{manifest.name}/{signing.SIGNATURE}" in tar.getnames()
 
 
 def tree_hashes(root: Path) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record, optional
 from scripts.release import reader, references, signing
+from scripts.release.manifest import ArtifactEntry, Artifacts, GpuFigures, Manifest
 
 TOKEN_INPUTS = ("embeds", "valid", "cos", "sin")
 
@@ -23,22 +24,22 @@ def progress(message: str) -> None:
 # ---- run ---------------------------------------------------------------------------------------
 
 
-def open_host(root: Path, manifest: dict, weights: str | None):
+def open_host(root: Path, manifest: Manifest, weights: str | None):
     """The host tables of a release: its own bf16 embed_tokens / lm_head, or a checkpoint's
     (--weights), checked against the hashes the manifest records."""
     from scripts.qwen35.host import Host
 
-    section = manifest["host"]
-    if weights is None and section["weights"] != "include":
+    section = manifest.host
+    if weights is None and section.weights != "include":
         raise ClefError(
             "this release references embed_tokens and lm_head instead of including them "
-            f"({manifest['model']['repo']}@{manifest['model']['revision'][:12]}): pass --weights CHECKPOINT_DIR"
+            f"({manifest.model.repo}@{manifest.model.revision[:12]}): pass --weights CHECKPOINT_DIR"
         )
     host = Host(root / "host", weights=Path(weights) if weights else None)
     if weights is not None:
         tables = reader.host_tables(host)
-        for role, info in section["tensors"].items():
-            if reader.tensor_sha256(tables[role]) != info["sha256"]:
+        for role, info in section.tensors.items():
+            if reader.tensor_sha256(tables[role]) != info.sha256:
                 raise ClefError(f"{role} in {weights} is not the one this release was built with (sha256 differs)")
     return host
 
@@ -86,7 +87,7 @@ def utf8(value: str, option: str) -> str:
 ANNOUNCE_HASH_BYTES = 2**30
 
 
-def check_graph(root: Path, manifest: dict, name: str) -> None:
+def check_graph(root: Path, manifest: Manifest, name: str) -> None:
     """Refuse to load graph `name` unless the file that holds it is the one the manifest names for it:
     every manifest path inside the release and listed (reader.check_paths), the file's own metadata and
     signatures saying it is this graph (kind, L or P/S, shapes: read from its head, cheap), then its
@@ -95,14 +96,14 @@ def check_graph(root: Path, manifest: dict, name: str) -> None:
     if paths:
         more = f" (and {len(paths) - 1} more problems)" if len(paths) > 1 else ""
         raise ClefError(f"{root / reader.MANIFEST}: {paths[0]}{more}")
-    file = manifest["artifacts"][name]["file"]
+    file = manifest.artifacts[name].file
     if not (root / file).is_file():
         raise ClefError(f"{root / file}, which holds {name}, is missing")
     differs = reader.graph_identity(root, manifest, name)
     if not differs:
-        entry = manifest["files"][file]
-        if entry.get("size", 0) >= ANNOUNCE_HASH_BYTES:
-            progress(f"run: hashing {file} ({entry['size'] / 1e9:.1f} GB) against the manifest before loading it")
+        entry = manifest.files[file]
+        if entry.size >= ANNOUNCE_HASH_BYTES:
+            progress(f"run: hashing {file} ({entry.size / 1e9:.1f} GB) against the manifest before loading it")
         differs = [why] if (why := reader.changed(root, file, entry)) else []
     if differs:
         raise ClefError(f"{root / file} is not the {name} the manifest names: {'; '.join(differs)}; not running it")
@@ -121,33 +122,33 @@ def finite(hidden, graph: str) -> None:
         )
 
 
-def graph_signatures(root: Path, art: dict, gpu: bool, precision: str | None):
+def graph_signatures(root: Path, art: ArtifactEntry, gpu: bool, precision: str | None):
     """`signature(name)` over a release graph, by the graph's own signature names (None: a row's only
     one), in the file that holds it (a bundle: under its names there), each a callable on named torch
     tensors: LiteRT's interpreter on the CPU, or the file compiled for the GPU accelerator alone in
     `precision` (through LiteRT's C API, scripts/litert/gpu_accelerator.py)."""
-    path = root / art["file"]
+    path = root / art.file
     if not gpu:
         from scripts.checks.tflite_check import interpreter
 
-        return references.renamed(references.interpreter_signature(interpreter(path)), art["signature_names"])
+        return references.renamed(references.interpreter_signature(interpreter(path)), art.signature_names)
     from scripts.litert import gpu_accelerator, tflite_file
 
     compiled = gpu_accelerator.compile(path, precision, tflite_file.census(path))
     progress(f"{path.name}: compiled for the GPU accelerator alone in {precision} on {compiled.adapter}")
-    return references.renamed(compiled.signature, art["signature_names"])
+    return references.renamed(compiled.signature, art.signature_names)
 
 
-def chosen(arts: dict, signature: str, kind: str) -> tuple[str, dict]:
+def chosen(arts: Artifacts, signature: str, kind: str) -> tuple[str, ArtifactEntry]:
     """The graph --signature names (a graph's name, e.g. row_L128, or one of its signatures' names in the
     release, e.g. prefix_P256_S64), which must be of `kind`."""
     for name, art in arts.items():
-        if signature == name or signature in art["signature_names"].values():
-            if art["kind"] != kind:
-                need = "--pair" if art["kind"] == "pair" else "no --pair"
-                raise ClefError(f"--signature {signature} is a {art['kind']}'s: it needs {need}")
+        if signature == name or signature in art.signature_names.values():
+            if art.kind != kind:
+                need = "--pair" if art.kind == "pair" else "no --pair"
+                raise ClefError(f"--signature {signature} is a {art.kind}'s: it needs {need}")
             return name, art
-    known = sorted(n for a in arts.values() for n in a["signature_names"].values())
+    known = sorted(n for a in arts.values() for n in a.signature_names.values())
     raise ClefError(f"--signature {signature}: no such signature in this release (it has {', '.join(known)})")
 
 
@@ -184,31 +185,31 @@ def run(args) -> int:
     precision = gpu_precision(args)
     manifest = reader.load_manifest(root)
     host = open_host(root, manifest, args.weights)
-    arts = manifest["artifacts"]
+    arts = manifest.artifacts
     ids = host.encode(args.text)
     if not ids:
         raise ClefError("--text has no tokens")
     if not args.pair:
-        rows = sorted((a for a in arts.items() if a[1]["kind"] == "row"), key=lambda a: a[1]["L"])
+        rows = sorted((a for a in arts.items() if a[1].kind == "row"), key=lambda a: a[1].L)
         if args.signature:
             path, art = chosen(arts, args.signature, "row")
-            if art["L"] < len(ids):
-                raise ClefError(f"{len(ids)} tokens do not fit --signature {args.signature} (L={art['L']})")
+            if art.L < len(ids):
+                raise ClefError(f"{len(ids)} tokens do not fit --signature {args.signature} (L={art.L})")
         else:
             path, art = smallest(
                 rows,
-                lambda a: a[1]["L"] >= len(ids),
+                lambda a: a[1].L >= len(ids),
                 "row graph",
-                f"{len(ids)} tokens (largest L is {rows[-1][1]['L'] if rows else 'none'})",
+                f"{len(ids)} tokens (largest L is {rows[-1][1].L if rows else 'none'})",
             )
         check_graph(root, manifest, path)
         signature = graph_signatures(root, art, args.gpu, precision)
-        out = signature(None)(**host.record(ids, art["L"]))["hidden"]
-        finite(out[0, : len(ids)], f"{path} ({art['file']})")
+        out = signature(None)(**host.record(ids, art.L))["hidden"]
+        finite(out[0, : len(ids)], f"{path} ({art.file})")
         last = out[0, len(ids) - 1]
         print(
-            f"{path} ({art['file']}): {len(ids)} tokens in L={art['L']} "
-            f"(form {manifest['form']}, revision {manifest['model']['revision'][:12]}; "
+            f"{path} ({art.file}): {len(ids)} tokens in L={art.L} "
+            f"(form {manifest.form}, revision {manifest.model.revision[:12]}; "
             f"{f'GPU {precision}' if args.gpu else 'CPU'})"
         )
         print(f"hidden, last position: {summarize(last)}; all finite: {bool(torch.isfinite(out[0, : len(ids)]).all())}")
@@ -220,39 +221,39 @@ def run(args) -> int:
     questions = [host.encode(q) for q in args.question]
     if not all(questions):
         raise ClefError("a --question has no tokens")
-    pairs = sorted((a for a in arts.items() if a[1]["kind"] == "pair"), key=lambda a: (a[1]["P"], a[1]["S"]))
+    pairs = sorted((a for a in arts.items() if a[1].kind == "pair"), key=lambda a: (a[1].P, a[1].S))
     longest = max(len(q) for q in questions)
-    fits = lambda a: a[1]["P"] >= len(ids) and a[1]["S"] >= longest  # noqa: E731
+    fits = lambda a: a[1].P >= len(ids) and a[1].S >= longest  # noqa: E731
     need = f"a context of {len(ids)} tokens and a question of {longest}"
     if args.signature:
         path, art = chosen(arts, args.signature, "pair")
         if not fits((path, art)):
-            raise ClefError(f"{need} do not fit --signature {args.signature} (P={art['P']}, S={art['S']})")
+            raise ClefError(f"{need} do not fit --signature {args.signature} (P={art.P}, S={art.S})")
     else:
         path, art = smallest(pairs, fits, "pair", need)
     check_graph(root, manifest, path)
     signature = graph_signatures(root, art, args.gpu, precision)
-    shapes = {e["name"]: e["shape"] for e in art["signatures"]["suffix"]["inputs"] if e["name"] not in TOKEN_INPUTS}
+    shapes = {e.name: e.shape for e in art.signatures["suffix"].inputs if e.name not in TOKEN_INPUTS}
     runner = PairRunner(
         host,
         signature("prefix"),
         signature("suffix"),
-        art["P"],
-        art["S"],
-        manifest["form"],
+        art.P,
+        art.S,
+        manifest.form,
         shapes,
     )
     hidden, state = runner.prefix(ids)
-    names = art["signature_names"]
-    finite(hidden[0], f"{path} ({art['file']}, {names['prefix']}) on the context")
+    names = art.signature_names
+    finite(hidden[0], f"{path} ({art.file}, {names['prefix']}) on the context")
     print(
-        f"{path} ({art['file']}): context of {len(ids)} tokens in P={art['P']} "
+        f"{path} ({art.file}): context of {len(ids)} tokens in P={art.P} "
         f"({f'GPU {precision}' if args.gpu else 'CPU'}); "
         f"context's last position: {summarize(hidden[0, -1])}"
     )
     for text, q in zip(args.question, questions, strict=True):
         out = runner.suffix(state, q)
-        finite(out[0], f"{path} ({art['file']}, {names['suffix']}) on question {text!r}")
+        finite(out[0], f"{path} ({art.file}, {names['suffix']}) on question {text!r}")
         print(f"question {text!r} ({len(q)} tokens): last position {summarize(out[0, -1])}")
         print(f"  top lm_head tokens: {top_tokens(host, out[0, -1], args.top)}")
     return 0
@@ -424,19 +425,19 @@ def verify_directory(root: Path, args) -> int:
             problems, f"the signature failed ({len(problems)} problems); nothing in the release was loaded"
         )
     manifest = reader.load_manifest(root)
-    report.doc.update(name=manifest.get("name"), format=manifest.get("format"), files=len(manifest["files"]))
+    report.doc.update(name=manifest.name, format=manifest.format, files=len(manifest.files))
     problems = reader.check_paths(root, manifest)
     if not problems:
-        progress(f"verify {root}: hashing {len(manifest['files'])} files")
+        progress(f"verify {root}: hashing {len(manifest.files)} files")
         problems = reader.check_files(root, manifest)
     if problems:
         return report.finish(
             problems, f"{len(problems)} problems; the graphs were not run (a changed file is not safe to load)"
         )
-    arts = manifest["artifacts"]
+    arts = manifest.artifacts
     by_file: dict[str, list[str]] = {}
     for name in sorted(arts):
-        by_file.setdefault(arts[name]["file"], []).append(name)
+        by_file.setdefault(arts[name].file, []).append(name)
     done = 0
     for file, names in by_file.items():
         census = tflite_file.census(root / file)
@@ -456,39 +457,39 @@ def verify_directory(root: Path, args) -> int:
             if bad:
                 problems.append(f"{name}: metadata disagrees with the manifest: {'; '.join(bad)}")
                 continue
-            ref = art["reference"]
-            records[name] = references.load_reference(root, ref["file"], arrays=True)  # no torch needed
-            measured = references.run_reference(root / file, art["kind"], records[name], names=art["signature_names"])
+            ref = art.reference
+            records[name] = references.load_reference(root, ref.file, arrays=True)  # no torch needed
+            measured = references.run_reference(root / file, art.kind, records[name], names=art.signature_names)
             figures = measured.to_json()
-            found = reader.reference_problems(figures, ref) + reader.drift_problems(figures, ref)
+            found = reader.reference_problems(figures, ref.to_json()) + reader.drift_problems(figures, ref.to_json())
             report.graphs[name] = GraphVerdict(
                 file=file,
                 max_rel=measured.rel_vs_expected,
                 max_rel_per_position=measured.rel_per_position_vs_expected,
-                release_max_rel=ref["max_rel"],
-                release_max_rel_per_position=ref["max_rel_per_position"],
-                threshold=ref["threshold"],
-                threshold_per_position=ref.get("threshold_per_position"),
+                release_max_rel=ref.max_rel,
+                release_max_rel_per_position=ref.max_rel_per_position,
+                threshold=ref.threshold,
+                threshold_per_position=ref.threshold_per_position,
                 passed=not found,
             )
             report.say(
                 f"{'FAIL' if found else 'ok  '} {name}: max rel {measured.rel_vs_expected:.2e}, per position "
-                f"{measured.rel_per_position_vs_expected:.2e} vs the release's {ref['max_rel']:.2e}, "
-                f"{ref['max_rel_per_position']:.2e} (thresholds {ref['threshold']:g}, "
-                f"{ref['threshold_per_position']:g}; "
-                f"at most {ref['max_over_recorded']:g}x the release's)"
+                f"{measured.rel_per_position_vs_expected:.2e} vs the release's {ref.max_rel:.2e}, "
+                f"{ref.max_rel_per_position:.2e} (thresholds {ref.threshold:g}, "
+                f"{ref.threshold_per_position:g}; "
+                f"at most {ref.max_over_recorded:g}x the release's)"
             )
             problems += [f"{name}: reference record: {line}" for line in found]
         if args.gpu and records:
             problems += verify_on_gpu(root / file, census, {n: arts[n] for n in records}, records, report)
     return report.finish(
         problems,
-        f"{manifest['name']}: {len(manifest['files'])} files, {len(arts)} graphs, "
+        f"{manifest.name}: {len(manifest.files)} files, {len(arts)} graphs, "
         f"{'all checks passed' if not problems else f'{len(problems)} problems'}",
     )
 
 
-def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict, report: Report) -> list[str]:
+def verify_on_gpu(file: Path, census: dict, arts: Artifacts, records: dict, report: Report) -> list[str]:
     """Each graph's reference record through its signatures on LiteRT's GPU accelerator alone, the file
     compiled once per mode (each mode shown by its effect on the precision probe first): fp32 held to the
     reference thresholds, fp16 and mixed to being finite; each beside what the release's verify_gpu
@@ -508,8 +509,8 @@ def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict, report: R
             continue
         try:
             for name, art in arts.items():
-                signature = references.renamed(compiled.signature, art["signature_names"])
-                figures = references.reference_error(signature, art["kind"], records[name])
+                signature = references.renamed(compiled.signature, art.signature_names)
+                figures = references.reference_error(signature, art.kind, records[name])
                 problems += gpu_figures(name, art, mode, figures, compiled, report)
         finally:
             compiled.close()
@@ -517,16 +518,16 @@ def verify_on_gpu(file: Path, census: dict, arts: dict, records: dict, report: R
 
 
 def gpu_figures(
-    name: str, art: dict, mode: str, figures: references.ReferenceResult, compiled, report: Report
+    name: str, art: ArtifactEntry, mode: str, figures: references.ReferenceResult, compiled, report: Report
 ) -> list[str]:
     """One graph's reference record error in one GPU mode, printed beside the release's; -> problems."""
-    ref, gpu = art["reference"], art.get("gpu") or {}
-    at_release = (gpu.get("modes") or {}).get(mode)
+    ref, gpu = art.reference, art.gpu if isinstance(art.gpu, GpuFigures) else None  # None: verify_gpu refused it
+    at_release = (gpu.modes or {}).get(mode) if gpu else None
     measured = figures.rel_vs_expected
     if mode == "fp32":
-        ok = not reader.reference_problems(figures.to_json(), ref)
-        recorded = f"the release's verify_gpu: {gpu['fp32_max_rel_vs_torch']:.2e}" if gpu else "not measured at release"
-        bound = f"thresholds {ref['threshold']:g}, per position {ref.get('threshold_per_position', float('nan')):g}"
+        ok = not reader.reference_problems(figures.to_json(), ref.to_json())
+        recorded = f"the release's verify_gpu: {gpu.fp32_max_rel_vs_torch:.2e}" if gpu else "not measured at release"
+        bound = f"thresholds {ref.threshold:g}, per position {ref.threshold_per_position:g}"
     else:
         ok = measured < float("inf")
         recorded = (
@@ -604,14 +605,14 @@ def audit(args) -> int:
         return 0
     manifest = reader.load_manifest(root)
     rel = str(path.resolve().relative_to(root.resolve()))
-    held = {n: a for n, a in manifest["artifacts"].items() if a.get("file") == rel}
+    held = {n: a for n, a in manifest.artifacts.items() if a.file == rel}
     disagree = []
     if not held:
         disagree.append(f"{rel} is not listed")
-    elif any(a["sha256"] != digest for a in held.values()):
+    elif any(a.sha256 != digest for a in held.values()):
         disagree.append("its sha256 differs from the manifest's")
     else:
-        disagree += reader.bundle_problems(tflite_file.census(path), rel, manifest["artifacts"])
+        disagree += reader.bundle_problems(tflite_file.census(path), rel, manifest.artifacts)
         for name in held:
             found = reader.metadata_problems(meta, manifest, name)
             disagree += [f"{name}: {line}" if bundled else line for line in found]
@@ -641,23 +642,25 @@ def print_graph(name: str | None, meta: dict) -> None:
     print(f"versions:  {', '.join(f'{k} {v}' for k, v in sorted(meta['versions'].items()))}")
 
 
-def audit_signature(root: Path, manifest: dict) -> int:
+def audit_signature(root: Path, manifest: Manifest) -> int:
     """Whether the graph's release is signed, and by which key; the signature itself is checked by
     `clef verify --key`, which hashes every file."""
-    recorded = manifest.get("signing", {})
+    recorded = manifest.signing
+    signed = recorded if isinstance(recorded, signing.Signed) else None
     present = (root / signing.SIGNATURE).is_file()
-    if not present and not recorded.get("signed"):
-        print(f"signature: none (unsigned release: {recorded.get('why', 'no signing entry')})")
+    if not present and not recorded.signed:
+        print(f"signature: none (unsigned release: {getattr(recorded, 'why', 'no signing entry')})")
         return 0
     claimed = signing.claimed_key(root) if present else None
-    if not present or claimed != recorded.get("key_fingerprint"):
+    fingerprint = signed.key_fingerprint if signed else None
+    if not present or claimed != fingerprint:
         print(
-            f"signature: DISAGREES: the manifest says signed by {recorded.get('key_fingerprint')}, "
+            f"signature: DISAGREES: the manifest says signed by {fingerprint}, "
             f"{signing.SIGNATURE} {'names ' + str(claimed) if present else 'is missing'}"
         )
         return 1
     print(
-        f"signature: {signing.SIGNATURE} by key {claimed} ({recorded.get('tool')}); "
+        f"signature: {signing.SIGNATURE} by key {claimed} ({signed.tool if signed else None}); "
         f"check it: clef verify {root} --key PUB.pem"
     )
     return 0

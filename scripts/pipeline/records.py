@@ -4,8 +4,9 @@ A record is written with `to_json` (its fields, nested records included, under t
 key of their own: keyed()) and read back with `read`/`from_json`, which refuses a document missing a
 field with one line naming the file and the field: a renamed key surfaces where it is read, not as a
 KeyError three stages later. Keys a reader does not know are kept out of the record and do not fail it,
-so an older reader takes a newer file. SCHEMA is the version of these shapes; a record that carries
-`schema` is held to it.
+so an older reader takes a newer file. A field that is one of several records (`A | B`) is read as the
+one whose required fields the document has, refused with one line when none or more than one does.
+SCHEMA is the version of these shapes; a record that carries `schema` is held to it.
 
 Each record lives beside the code that makes it (scripts/checks/*, scripts/release/*, scripts/bench/*)
 and subclasses Record; this module holds only the mechanism, so it imports nothing of ours but errors.
@@ -72,6 +73,34 @@ def _record_type(hint: Any) -> type[Record] | None:
     return None
 
 
+def _record_union(hint: Any) -> list[type[Record]]:
+    """The Record classes a field's annotation offers when it names more than one (`A | B`, `A | B | None`)."""
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return []
+    found = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, Record)]
+    return found if len(found) > 1 else []
+
+
+def _required(cls: type[Record]) -> set[str]:
+    """The JSON keys a document must hold to be a `cls` record."""
+    return {
+        _key(f)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+
+
+def _one_of(choices: list[type[Record]], value: Any, where: str) -> Record:
+    """`value` as the one record of `choices` whose required fields it has."""
+    names = " or ".join(c.__name__ for c in choices)
+    if not isinstance(value, dict):
+        raise ClefError(f"{where}: expected a {names} record (a JSON object), got {type(value).__name__}")
+    fits = [c for c in choices if _required(c) <= value.keys()]
+    if len(fits) != 1:
+        raise ClefError(f"{where}: its fields fit {len(fits)} of {names}, not one; rerun the stage that writes it")
+    return fits[0].from_json(value, where)
+
+
 def _without_none(hint: Any) -> Any:
     """`X | None` -> X; anything else as it is."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -85,6 +114,8 @@ def _read_value(hint: Any, value: Any, where: str) -> Any:
     (each possibly None), or the value itself."""
     if value is None:
         return None
+    if choices := _record_union(hint):
+        return _one_of(choices, value, where)
     nested = _record_type(hint)
     if nested is not None:
         return nested.from_json(value, where)

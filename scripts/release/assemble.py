@@ -9,53 +9,17 @@ draws -> results/plots/.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.pipeline import atomic, layout, pictures, provenance
-from scripts.pipeline.records import Record
 from scripts.qwen35.host import Host
 from scripts.release import builder, card, entries, reader, signing
-from scripts.release.builder import FileTable, HostSection, LockedStages
 from scripts.release.entries import HeldFile
+from scripts.release.manifest import BUNDLE_FIGURES, Artifacts, BundleSection, Manifest, ModelSection
 from scripts.release.preflight import CheckedGraph
-from scripts.release.signing import Signed, Unsigned
 
 PICTURES = "pictures"  # the card's charts, in the release (scripts/pipeline/pictures.py)
-
-CARRIED = "carried"
-
-
-def carried():
-    """A field of the manifest's `bundle` entry carried over as it is from the bundle stage's
-    results/bundle.json (BUNDLE_FIGURES)."""
-    return dataclasses.field(metadata={CARRIED: True})
-
-
-@dataclasses.dataclass(frozen=True)
-class BundleSection(Record):
-    """The manifest's `bundle` entry: the bundle the release ships, what the bundle stage measured of
-    it (BUNDLE_FIGURES), whether each accelerator ran every signature as the graph's own file does, and
-    whether its GPU was checked."""
-
-    file: str
-    bytes: int
-    sha256: str
-    signatures: dict = carried()
-    sharing: dict = carried()
-    largest_graph: dict = carried()
-    bytes_over_graph: int = carried()
-    duplicate_constants: dict = carried()
-    memory: dict = carried()
-    census: dict = carried()
-    identity_vs_own_file: dict
-    gpu_checked: bool
-    gpu_not_checked_why: str | None
-
-
-# What the manifest's `bundle` entry carries over from the bundle stage's results/bundle.json.
-BUNDLE_FIGURES = tuple(f.name for f in dataclasses.fields(BundleSection) if f.metadata.get(CARRIED))
 
 
 def bundle_section(held: HeldFile) -> BundleSection:
@@ -77,52 +41,14 @@ def bundle_section(held: HeldFile) -> BundleSection:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSection(Record):
-    """The manifest's `model` entry: the checkpoint (its repository, revision and source) and each of
-    its snapshot files' sha256 and size, from the snapshot record."""
-
-    repo: str
-    revision: str
-    source: str
-    snapshot_files: dict[str, dict]
-
-    @classmethod
-    def of(cls, rec: SnapshotRecord) -> ModelSection:
-        files = sorted(rec.files, key=lambda e: e.name)
-        return cls(rec.repo, rec.revision, rec.source, {e.name: {"sha256": e.sha256, "size": e.size} for e in files})
-
-
-@dataclasses.dataclass(frozen=True)
-class Manifest(Record):
-    """The release's manifest.json (scripts/release/reader.py reads it back, as JSON)."""
-
-    format: str
-    name: str
-    layout: str
-    bundle: BundleSection | None
-    model: ModelSection
-    form: str
-    weights: str
-    params: dict
-    versions: dict
-    git: provenance.GitState
-    host: HostSection
-    artifacts: dict[str, dict]
-    verification: dict[str, dict]
-    stages: LockedStages
-    files: FileTable
-    signing: Signed | Unsigned
-
-
-def plot_tables(artifacts: dict[str, dict]) -> None:
+def plot_tables(artifacts: Artifacts) -> None:
     """results/plots/: error and latency against L, error against P (`dvc plots show`)."""
     rows = []
-    for a in sorted((a for a in artifacts.values() if a["kind"] == "row"), key=lambda a: a["L"]):
-        v = a["verification"][f"tflite_L{a['L']}"]
+    for a in sorted((a for a in artifacts.values() if a.kind == "row"), key=lambda a: a.L):
+        v = a.verification[f"tflite_L{a.L}"]
         rows.append(
             {
-                "L": a["L"],
+                "L": a.L,
                 "max_rel_vs_torch": v["max_rel"],
                 "litert_ms": v.get("litert_ms"),
                 "torch_over_litert": v.get("torch_over_litert"),
@@ -131,12 +57,12 @@ def plot_tables(artifacts: dict[str, dict]) -> None:
         )
     pairs = [
         {
-            "P": a["P"],
-            "S": a["S"],
-            "max_rel_vs_row": a["verification"][layout.pair_name(a["P"], a["S"])]["max_rel"],
-            "bytes": a["bytes"],
+            "P": a.P,
+            "S": a.S,
+            "max_rel_vs_row": a.verification[layout.pair_name(a.P, a.S)]["max_rel"],
+            "bytes": a.bytes,
         }
-        for a in sorted((a for a in artifacts.values() if a["kind"] == "pair"), key=lambda a: a["P"])
+        for a in sorted((a for a in artifacts.values() if a.kind == "pair"), key=lambda a: a.P)
     ]
     atomic.write_json(layout.PLOTS / "rows.json", rows)
     atomic.write_json(layout.PLOTS / "pairs.json", pairs)
@@ -171,8 +97,8 @@ def build(
     name = layout.release_name(rec, form, p["weights"])
     signed = signing.section(key)
     bundled = bundle_section(next(iter(holders.values()))) if merged is not None else None
-    shown = {}
-    for picture in pictures.release_pictures(artifacts):
+    shown, drawn = {}, {n: a.to_json() for n, a in artifacts.items()}  # the card and pictures read JSON
+    for picture in pictures.release_pictures(drawn):
         atomic.write_text(build_dir / PICTURES / picture.file, picture.svg)
         shown[f"{PICTURES}/{picture.file}"] = picture.title
     drawn_card = card.render(
@@ -181,7 +107,7 @@ def build(
         form,
         p["weights"],
         host.to_json(),
-        artifacts,
+        drawn,
         overall,
         signed.to_json(),
         bundled.to_json() if bundled is not None else None,

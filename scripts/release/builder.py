@@ -18,8 +18,17 @@ from pathlib import Path
 
 from scripts.checkpoint.snapshot import file_digests, sha256_file
 from scripts.pipeline import atomic, params
-from scripts.pipeline.mappings import FileDigests, ForeignJson
-from scripts.pipeline.records import Record
+from scripts.pipeline.mappings import FileDigests
+from scripts.release.manifest import (
+    FileEntry,
+    FileTable,
+    HostSection,
+    HostTensor,
+    LockedStage,
+    LockedStages,
+    SignatureTensor,
+    SignatureTensors,
+)
 from scripts.release.reader import HOST_TENSORS, HOST_WEIGHTS, MANIFEST, host_tables, tensor_sha256
 
 WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json")
@@ -36,28 +45,6 @@ def place(src: Path, dest: Path) -> None:
         os.link(src, dest)
     except OSError:
         shutil.copyfile(src, dest)
-
-
-@dataclasses.dataclass(frozen=True)
-class HostTensor(Record):
-    """One host table the release describes: its checkpoint key, dtype, shape, sha256 of its raw bytes
-    (reader.tensor_sha256) and the checkpoint file holding it."""
-
-    key: str
-    dtype: str
-    shape: list[int]
-    sha256: str
-    source_file: str
-
-
-@dataclasses.dataclass(frozen=True)
-class HostSection(Record):
-    """The manifest's `host` entry: release.host_weights, the host tables by role (reader.HOST_TENSORS),
-    and the release file holding them (None unless the mode is `include`)."""
-
-    weights: str
-    tensors: dict[str, HostTensor]
-    weights_file: str | None
 
 
 def host_files(snap: Path, host, dest: Path, mode: str) -> HostSection:
@@ -91,25 +78,6 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> HostSection:
     return HostSection(mode, tensors, HOST_WEIGHTS if mode == "include" else None)
 
 
-@dataclasses.dataclass(frozen=True)
-class SignatureTensor(Record):
-    """One input or output of a signature as the file has it (tflite_file.census: name, shape, dtype),
-    with the contract's meaning (None where the contract gives none)."""
-
-    name: str
-    shape: list[int]
-    dtype: str
-    meaning: str | None
-
-
-@dataclasses.dataclass(frozen=True)
-class SignatureTensors(Record):
-    """A signature's inputs and outputs (each by name), the manifest's `signatures` entry for it."""
-
-    inputs: list[SignatureTensor]
-    outputs: list[SignatureTensor]
-
-
 def signatures(census: dict, contract: dict) -> dict[str, SignatureTensors]:
     """{signature name: its inputs and outputs as the file has them (name, shape, dtype), with the
     contract's meaning beside each}; the file is the authority on shapes, the contract on meaning."""
@@ -131,21 +99,6 @@ def signatures(census: dict, contract: dict) -> dict[str, SignatureTensors]:
             )
         )
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class LockedStage(Record):
-    """A stage's dvc.lock entry as the manifest's `stages` records it: its command, the md5 of each
-    dependency and output by path (None where dvc.lock has none), and its params as dvc.lock holds them."""
-
-    cmd: str | None
-    deps: dict[str, str | None]
-    outs: dict[str, str | None]
-    params: ForeignJson
-
-
-LockedStages = dict[str, LockedStage]
-"""Stage name -> its dvc.lock entry."""
 
 
 def lock_stages(
@@ -187,18 +140,6 @@ def lock_stages(
         for name, st in sorted(stages.items())
         if name in upstream
     }
-
-
-@dataclasses.dataclass(frozen=True)
-class FileEntry(Record):
-    """A release file's `files` entry in the manifest: its sha256 and size in bytes."""
-
-    sha256: str
-    size: int
-
-
-FileTable = dict[str, FileEntry]
-"""A release file's path (relative to the release) -> its entry."""
 
 
 def file_table(root: Path, known: FileDigests | None = None) -> FileTable:

@@ -8,22 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scripts.checkpoint import snapshot
 from scripts.pipeline import layout
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.records import Record
 from scripts.release import builder, reader, references
+from scripts.release.manifest import ArtifactEntry, GpuFigures, GpuRefused, Reference, StageOutput
 from scripts.release.preflight import CheckedGraph, read_metrics
 
-
-@dataclasses.dataclass(frozen=True)
-class StageOutput(Record):
-    """The manifest's `dvc_lock` entry of a graph: the dvc.lock stage that made its file and the md5 it
-    records for it (None where dvc.lock has none)."""
-
-    stage: str | None
-    md5: str | None
+if TYPE_CHECKING:
+    from scripts.pipeline.mappings import FileDigests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,39 +69,6 @@ def place_graphs(
     return holders
 
 
-@dataclasses.dataclass(frozen=True)
-class GpuFigures(Record):
-    """What verify_gpu measured of one graph on LiteRT's GPU accelerator (results/gpu/<check>.json),
-    and the device that ran it: the manifest's `gpu` entry."""
-
-    fully_accelerated: bool
-    layers_checked: int
-    layers: int
-    fp32_max_rel_vs_torch: float
-    threshold_fp32: float
-    fp32_max_rel_per_position_vs_torch: float
-    threshold_per_position_fp32: float
-    fp16_max_rel_vs_f64: float
-    fp16_max_rel_per_position_vs_f64: float
-    floor_max_rel_vs_f64: float
-    floor_max_rel_per_position_vs_f64: float
-    fp16_over_floor: float
-    fp16_target_over_floor: float
-    fp16_within_target: bool
-    all_finite: bool
-    modes: dict
-    positions: list
-    device: dict
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuRefused(Record):
-    """The manifest's `gpu` entry for a graph verify_gpu refused to run (int8 weights), and why."""
-
-    fully_accelerated: bool
-    refused: str
-
-
 def gpu_section(name: str) -> GpuFigures | GpuRefused:
     """What verify_gpu recorded for GPU check `name`."""
     path = layout.gpu_result_path(name)
@@ -114,21 +76,6 @@ def gpu_section(name: str) -> GpuFigures | GpuRefused:
     if "refused" in doc:  # int8 weights (stages/verify_gpu.py refused)
         return GpuRefused(False, doc["refused"])
     return GpuFigures.from_json(doc, str(path))
-
-
-@dataclasses.dataclass(frozen=True)
-class Reference(Record):
-    """The manifest's `reference` entry: the record's release path, the figures measured running it and
-    the bounds they are held to (here and by `clef verify`), how far `clef verify` may drift from them,
-    and the figure at each position (the card's pictures)."""
-
-    file: str
-    max_rel: float
-    threshold: float
-    max_rel_per_position: float
-    threshold_per_position: float
-    max_over_recorded: float
-    positions: list[float]
 
 
 def reference(c: CheckedGraph, held: HeldFile, build: Path, max_over_recorded: float) -> tuple[Reference, str]:
@@ -160,29 +107,28 @@ def reference(c: CheckedGraph, held: HeldFile, build: Path, max_over_recorded: f
 
 def artifact_entry(
     c: CheckedGraph, held: HeldFile, build: Path, form: str, max_over_recorded: float
-) -> tuple[dict, dict[str, str]]:
-    """One graph into the release, `held` the file that holds it (place_graphs) -> its manifest entry
-    (keyed by its shape, L or P and S, so a dict), and {path: sha256} of the files placed (hashed here,
-    not again for the file table)."""
+) -> tuple[ArtifactEntry, FileDigests]:
+    """One graph into the release, `held` the file that holds it (place_graphs) -> its manifest entry,
+    and {path: sha256} of the files placed (hashed here, not again for the file table)."""
     ref, record_sha256 = reference(c, held, build, max_over_recorded)
     contract = c.metadata["contract"]
-    entry = {
-        "kind": c.graph.kind,
+    entry = ArtifactEntry(
+        kind=c.graph.kind,
         **c.graph.shape,
-        "form": form,
-        "weights": c.metadata["weights"],
-        "file": held.file,
-        "signature_names": held.signature_names,
-        "sha256": held.sha256,
-        "bytes": held.bytes,
-        "md5": held.md5,
-        "dvc_lock": held.dvc_lock.to_json(),
-        "signatures": {k: v.to_json() for k, v in builder.signatures(c.census, contract).items()},
-        "census": {k: c.census[k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
-        "metadata": {k: v for k, v in c.metadata.items() if k != "contract"},
-        "contract": {k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
-        "verification": {check: read_metrics(check) for check in c.graph.checks},
-        "gpu": gpu_section(c.graph.gpu).to_json(),
-        "reference": ref.to_json(),
-    }
+        form=form,
+        weights=c.metadata["weights"],
+        file=held.file,
+        signature_names=held.signature_names,
+        sha256=held.sha256,
+        bytes=held.bytes,
+        md5=held.md5,
+        dvc_lock=held.dvc_lock,
+        signatures=builder.signatures(c.census, contract),
+        census={k: c.census[k] for k in ("op_total", "max_rank", "ops_per_gdn_layer", "dtypes")},
+        metadata={k: v for k, v in c.metadata.items() if k != "contract"},
+        contract={k: v for k, v in contract.items() if k not in ("inputs", "outputs", "signatures")},
+        verification={check: read_metrics(check) for check in c.graph.checks},
+        gpu=gpu_section(c.graph.gpu),
+        reference=ref,
+    )
     return entry, {held.file: held.sha256, ref.file: record_sha256}

@@ -21,6 +21,7 @@ from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import checkpoint_layout
+from scripts.release.manifest import ArtifactEntry, Artifacts, FileEntry, Manifest
 from scripts.release.signing import SIGNATURE
 
 if TYPE_CHECKING:
@@ -105,10 +106,10 @@ def graph_metadata(meta: dict | None, name: str) -> dict | None:
     return meta
 
 
-def bundle_problems(census: dict, file: str, artifacts: dict) -> list[str]:
+def bundle_problems(census: dict, file: str, artifacts: Artifacts) -> list[str]:
     """A file's signatures against the manifest's graphs it holds: one line per signature the manifest
     names and the file lacks, and per signature the file has that no graph of the manifest names."""
-    named = {n for a in artifacts.values() if a.get("file") == file for n in (a.get("signature_names") or {}).values()}
+    named = {n for a in artifacts.values() if a.file == file for n in (a.signature_names or {}).values()}
     have = set(census["signatures"])
     return [f"{file}: no signature {n!r}, which the manifest names" for n in sorted(named - have)] + [
         f"{file}: signature {n!r} is not named by the manifest" for n in sorted(have - named)
@@ -121,12 +122,12 @@ def declared_weights(meta: dict | None) -> str:
     return (meta or {}).get("weights", "fp32")
 
 
-def metadata_problems(meta: dict | None, manifest: dict, name: str) -> list[str]:
+def metadata_problems(meta: dict | None, manifest: Manifest, name: str) -> list[str]:
     """Where the metadata of the file holding graph `name` (tflite_file.read_metadata) disagrees with the
     manifest's entry for it: the one comparison clef verify, clef audit and clef run make."""
     from scripts.litert import tflite_file
 
-    expected = expected_metadata(manifest, manifest["artifacts"][name])
+    expected = expected_metadata(manifest, manifest.artifacts[name])
     return tflite_file.metadata_mismatches(graph_metadata(meta, name), expected.to_json())
 
 
@@ -144,11 +145,10 @@ class GraphIdentity(Record):
     S: int | None = optional()
 
 
-def expected_metadata(manifest: dict, artifact: dict) -> GraphIdentity:
+def expected_metadata(manifest: Manifest, artifact: ArtifactEntry) -> GraphIdentity:
     """What a release's graph must say of itself given its manifest entry."""
-    shape = {k: artifact[k] for k in ("L", "P", "S") if k in artifact}
     return GraphIdentity(
-        manifest["model"]["revision"], manifest["form"], manifest["weights"], artifact["kind"], **shape
+        manifest.model.revision, manifest.form, manifest.weights, artifact.kind, artifact.L, artifact.P, artifact.S
     )
 
 
@@ -166,9 +166,11 @@ def json_kind(value) -> str:
 TABLES = ("artifacts", "files")
 
 
-def load_manifest(root: Path) -> dict:
+def load_manifest(root: Path) -> Manifest:
     """A release's manifest, refused (one line) unless it is a JSON object of this FORMAT whose TABLES
-    are objects of objects: every command reads it here, so none meets a list where it indexes a table."""
+    are objects of objects, then holding every field of a Manifest (one line naming the file and the
+    first it lacks): every command reads it here, so none meets a list where it indexes a table."""
+
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise ClefError(f"{root} is not a release: no {MANIFEST}")
@@ -188,7 +190,7 @@ def load_manifest(root: Path) -> dict:
         for name, entry in manifest[table].items():
             if not isinstance(entry, dict):
                 raise ClefError(f"{path}: `{table}` entry {name!r} is not a JSON object ({json_kind(entry)})")
-    return manifest
+    return Manifest.from_json(manifest, str(path))
 
 
 def outside(root: Path, name) -> str | None:
@@ -207,16 +209,14 @@ def outside(root: Path, name) -> str | None:
     return None
 
 
-def check_paths(root: Path, manifest: dict) -> list[str]:
+def check_paths(root: Path, manifest: Manifest) -> list[str]:
     """Every path the manifest names (`files`, each artifact's `file`, the reference records) must lie
     inside the release and be listed in `files` with its hash: one line per path that does not.
     Checked before anything is hashed or loaded, so no path can make clef read outside the release."""
-    files = manifest["files"]  # load_manifest: tables of JSON objects
+    files = manifest.files
     problems = [f"manifest path {name!r} {why}" for name in files if (why := outside(root, name))]
-    for art in manifest["artifacts"].values():
-        graph = art.get("file")
-        reference = art["reference"].get("file") if isinstance(art.get("reference"), dict) else None
-        for what, path in (("graph", graph), ("reference record", reference)):
+    for art in manifest.artifacts.values():
+        for what, path in (("graph", art.file), ("reference record", art.reference.file)):
             why = outside(root, path)
             if why:
                 problems.append(f"manifest {what} path {path!r} {why}")
@@ -225,10 +225,10 @@ def check_paths(root: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def check_files(root: Path, manifest: dict) -> list[str]:
+def check_files(root: Path, manifest: Manifest) -> list[str]:
     """Problems with the files themselves, one line each: missing, changed (size or sha256), extra."""
     root = Path(root)
-    listed = manifest["files"]
+    listed = manifest.files
     unlisted = {Path(MANIFEST), Path(SIGNATURE)}
     present = {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file() and f.relative_to(root) not in unlisted}
     problems = [f"missing file: {name}" for name in sorted(set(listed) - present)]
@@ -239,18 +239,18 @@ def check_files(root: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def changed(root: Path, name: str, entry: dict) -> str | None:
+def changed(root: Path, name: str, entry: FileEntry) -> str | None:
     """How release file `name` differs from its `files` entry: its size (free to read), else its sha256
     (the whole file read); None when it is the file the manifest lists."""
     size = (Path(root) / name).stat().st_size
-    if size != entry["size"]:
-        return f"{size} bytes, the manifest lists {entry['size']}"
-    if sha256_file(Path(root) / name) != entry["sha256"]:
+    if size != entry.size:
+        return f"{size} bytes, the manifest lists {entry.size}"
+    if sha256_file(Path(root) / name) != entry.sha256:
         return "sha256 differs from the manifest"
     return None
 
 
-def graph_identity(root: Path, manifest: dict, name: str) -> list[str]:
+def graph_identity(root: Path, manifest: Manifest, name: str) -> list[str]:
     """What the file holding graph `name` says it is against the manifest's entry for it, one phrase per
     difference: its metadata (kind, L or P/S, revision, form, weights) and the names and input/output
     shapes of its signatures, all from the flatbuffer head (no weights read). A file that is another
@@ -258,21 +258,21 @@ def graph_identity(root: Path, manifest: dict, name: str) -> list[str]:
     anything runs it."""
     from scripts.litert import litert_c, tflite_file
 
-    art = manifest["artifacts"][name]
-    head = tflite_file.read_head(Path(root) / art["file"])
+    art = manifest.artifacts[name]
+    head = tflite_file.read_head(Path(root) / art.file)
     said = metadata_problems(tflite_file.read_metadata(head), manifest, name)
     problems = [f"its metadata: {', '.join(said)}"] if said else []
     shapes = litert_c.signature_shapes(head)
-    for own, called in (art.get("signature_names") or {}).items():
+    for own, called in (art.signature_names or {}).items():
         if called not in shapes:
             problems.append(f"no signature {called!r}")
             continue
-        want = (art.get("signatures") or {}).get(own) or {}
+        want = (art.signatures or {}).get(own)
         off = [
-            f"{e['name']} {shapes[called][side].get(e['name'])}, the manifest says {e['shape']}"
+            f"{e.name} {shapes[called][side].get(e.name)}, the manifest says {e.shape}"
             for side in ("inputs", "outputs")
-            for e in want.get(side, [])
-            if shapes[called][side].get(e["name"]) != e["shape"]
+            for e in (getattr(want, side) if want else [])
+            if shapes[called][side].get(e.name) != e.shape
         ]
         if off:
             problems.append(f"signature {called!r}: {first_of(off)}")
