@@ -3,6 +3,8 @@ the run; a block without records, or of an unknown table, is one line, not a sta
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 
 import pytest
@@ -10,7 +12,10 @@ import yaml
 
 from scripts.pipeline import atomic, layout, readme
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.provenance import GitState
+from scripts.release import reader
 from tests.conftest import ROOT
+from tests.test_release import small_release
 
 ROWS = {
     "kernel": {
@@ -128,17 +133,19 @@ def workspace(tmp_path):
     for name, record in GPU_RECORDS.items():
         atomic.write_json(tmp_path / layout.gpu_result_path(name), record)
     atomic.write_json(tmp_path / layout.result_path("bundle"), BUNDLE_RECORD)
-    atomic.write_json(
-        tmp_path / layout.RELEASE / "manifest.json",
-        {"git": {"commit": "abcdef0123456789", "clean": True, "changed": []}, "artifacts": {}},
-    )
+    release = tmp_path / layout.RELEASE
+    manifest = dataclasses.replace(small_release(release), git=GitState("abcdef0123456789", True, []))
+    atomic.write_json(release / reader.MANIFEST, manifest.to_json())
     return tmp_path
 
 
 def test_a_manifest_without_its_graph_entries_is_refused(workspace):
-    """The release manifest is read as a record: one lacking `artifacts` is one line naming it."""
-    atomic.write_json(workspace / layout.RELEASE / "manifest.json", {"git": None})
-    with pytest.raises(ClefError, match="no `artifacts` in the ReleaseRun record"):
+    """The release manifest is read as its record: one lacking `artifacts` is one line naming it."""
+    path = workspace / layout.RELEASE / reader.MANIFEST
+    doc = json.loads(path.read_text())
+    del doc["artifacts"]
+    atomic.write_json(path, doc)
+    with pytest.raises(ClefError, match=r"manifest.json has no `artifacts`"):
         readme.render(README, workspace)
 
 

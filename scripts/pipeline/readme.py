@@ -15,18 +15,17 @@ as it is.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
 from pathlib import Path
 
 from scripts.bench.litert_benchmark import LatencyReport
-from scripts.pipeline import atomic, layout, pictures, provenance
+from scripts.pipeline import atomic, layout, pictures
 from scripts.pipeline.errors import ClefError, run_command
 from scripts.pipeline.mappings import ForeignJson
 from scripts.pipeline.metrics import MetricsRows
-from scripts.pipeline.records import Record
+from scripts.release.manifest import Manifest
 
 README = Path("README.md")
 DOCS = Path("docs")  # the rest of the documentation, README's "Read next"
@@ -82,29 +81,21 @@ def read_bench(root: Path) -> dict:
     return bench
 
 
-@dataclasses.dataclass(frozen=True)
-class ReleaseRun(Record):
-    """What the tables and pictures read of the release manifest (scripts/release/assemble.py Manifest):
-    the run's git state (absent in a manifest made before it was kept) and the graph entries. Read as this
-    view so that rendering the README does not import the release's builders (torch)."""
-
-    artifacts: dict[str, dict]
-    git: provenance.GitState | None = None
-
-
-def read_manifest(root: Path) -> ReleaseRun:
+def read_manifest(root: Path) -> Manifest:
     """The release manifest of `root`'s last run: the tables name its commit, the pictures draw its figures."""
-    from scripts.release.reader import MANIFEST
+    from scripts.release import reader
 
-    path = root / layout.RELEASE / MANIFEST
-    if not path.is_file():
-        raise ClefError(f"no {path}: the tables name the run that made the release; run `dvc repro` first")
-    return ReleaseRun.read(path)
+    release = root / layout.RELEASE
+    if not (release / reader.MANIFEST).is_file():
+        raise ClefError(
+            f"no {release / reader.MANIFEST}: the tables name the run that made the release; run `dvc repro` first"
+        )
+    return reader.load_manifest(release)
 
 
-def run_line(manifest: ReleaseRun) -> str:
+def run_line(manifest: Manifest) -> str:
     """Which run the figures are from: the release manifest's commit (the last stage of the run)."""
-    git = manifest.git or provenance.GitState(None, None, [])
+    git = manifest.git
     commit, clean = (git.commit or "unknown")[:7], git.clean
     state = "clean" if clean else "with uncommitted changes" if clean is False else "outside git"
     return f"From the `dvc repro` at commit {commit} ({state}); `results/metrics/`, rendered by `make readme`."
@@ -728,9 +719,9 @@ TABLES = {
 }
 
 
-def positions_picture(manifest: ReleaseRun) -> ForeignJson:
+def positions_picture(manifest: Manifest) -> ForeignJson:
     """The positions chart of the release's graph entries (pictures.positions)."""
-    return pictures.positions(manifest.artifacts)
+    return pictures.positions({name: entry.to_json() for name, entry in manifest.artifacts.items()})
 
 
 PICTURES = {  # picture_NAME blocks: NAME -> (the chart, the records it draws)
