@@ -15,6 +15,7 @@ from scripts.qwen35 import pair_graph, patch, text_stack
 from scripts.qwen35.host import Host, PairRunner
 from scripts.qwen35.row_graph import ClefRowPrefill
 from scripts.release import reader, references
+from scripts.release.manifest import Reference
 
 FORM = "R64+sp+ec+dd+vs6"
 
@@ -269,10 +270,11 @@ def test_clef_verify_fails_on_nan(patched):
     record = {**inputs, "expected": expected}
     graph = ClefRowPrefill(model, 64).eval()
     figures = references.reference_error(lambda name: torch_fn(graph, poison=True), "row", record).to_json()
-    lines = reader.reference_problems(figures, {"threshold": 1e-4, "threshold_per_position": 1e-4})
+    entry = Reference("checks/row_L64.safetensors", 0.0, 1e-4, 0.0, 1e-4, 10, [])  # the manifest's bounds
+    lines = reader.reference_problems(figures, entry)
     assert lines == [
         "rel_vs_expected is inf (NaN or inf in the output)",
         "rel_per_position_vs_expected is inf (NaN or inf in the output)",
     ]
     good = references.reference_error(lambda name: torch_fn(graph), "row", record)
-    assert reader.reference_problems(good.to_json(), {"threshold": 1e-4, "threshold_per_position": 1e-4}) == []
+    assert reader.reference_problems(good.to_json(), entry) == []

@@ -6,6 +6,7 @@ to reference records, and the release's two outputs swapped in together or not a
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline import atomic
 from scripts.pipeline.errors import ClefError
 from scripts.release import reader, signing
+from scripts.release.manifest import Reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -189,7 +191,7 @@ def test_make_keys_refuses_to_overwrite_or_to_write_inside_the_repository(tmp_pa
 
 # ---- the reference records' drift check ----------------------------------------------------------
 
-REFERENCE = {"max_rel": 2e-6, "max_rel_per_position": 4e-6, "max_over_recorded": 10}
+REFERENCE = Reference("checks/row_L64.safetensors", 2e-6, 1e-4, 4e-6, 1e-4, 10, [2e-6, 4e-6])
 
 
 @pytest.mark.parametrize(
@@ -207,7 +209,7 @@ REFERENCE = {"max_rel": 2e-6, "max_rel_per_position": 4e-6, "max_over_recorded":
 )
 def test_drift_problems(measured, recorded, failing):
     figures = {"rel_vs_expected": measured[0], "rel_per_position_vs_expected": measured[1]}
-    problems = reader.drift_problems(figures, {**REFERENCE, **recorded})
+    problems = reader.drift_problems(figures, dataclasses.replace(REFERENCE, **recorded))
     assert [p.split()[0].rstrip(":") for p in problems] == failing, problems
 
 

@@ -461,7 +461,7 @@ def verify_directory(root: Path, args) -> int:
             records[name] = references.load_reference(root, ref.file, arrays=True)  # no torch needed
             measured = references.run_reference(root / file, art.kind, records[name], names=art.signature_names)
             figures = measured.to_json()
-            found = reader.reference_problems(figures, ref.to_json()) + reader.drift_problems(figures, ref.to_json())
+            found = reader.reference_problems(figures, ref) + reader.drift_problems(figures, ref)
             report.graphs[name] = GraphVerdict(
                 file=file,
                 max_rel=measured.rel_vs_expected,
@@ -525,7 +525,7 @@ def gpu_figures(
     at_release = (gpu.modes or {}).get(mode) if gpu else None
     measured = figures.rel_vs_expected
     if mode == "fp32":
-        ok = not reader.reference_problems(figures.to_json(), ref.to_json())
+        ok = not reader.reference_problems(figures.to_json(), ref)
         recorded = f"the release's verify_gpu: {gpu.fp32_max_rel_vs_torch:.2e}" if gpu else "not measured at release"
         bound = f"thresholds {ref.threshold:g}, per position {ref.threshold_per_position:g}"
     else:

@@ -99,7 +99,7 @@ def reference(c: CheckedGraph, held: HeldFile, build: Path, max_over_recorded: f
         max_over_recorded,
         measured.per_position_vs_expected,
     )
-    found = reader.reference_problems(measured.to_json(), entry.to_json())
+    found = reader.reference_problems(measured.to_json(), entry)
     if found:
         raise ClefError(f"{held.file}: reference record: {found[0]}")
     return entry, measured.record_sha256

@@ -21,7 +21,7 @@ from scripts.checkpoint.snapshot import sha256_file
 from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import checkpoint_layout
-from scripts.release.manifest import ArtifactEntry, Artifacts, FileEntry, Manifest
+from scripts.release.manifest import ArtifactEntry, Artifacts, FileEntry, Manifest, Reference
 from scripts.release.signing import SIGNATURE
 
 if TYPE_CHECKING:
@@ -60,14 +60,14 @@ def host_tables(host) -> Tensors:
     return {"embed_tokens": host.embed_tokens, "lm_head": host.lm_head}
 
 
-def reference_problems(figures: dict, reference: dict) -> list[str]:
-    """A reference record's figures against the bounds the manifest's `reference` entry states (a
-    release made before per-position bounds states the global one only)."""
+def reference_problems(figures: dict, reference: Reference) -> list[str]:
+    """A reference record's figures against the bounds the manifest's `reference` entry states."""
     from scripts.checks import compare
 
-    bounds = {"rel_vs_expected": reference["threshold"]}
-    if "threshold_per_position" in reference:
-        bounds["rel_per_position_vs_expected"] = reference["threshold_per_position"]
+    bounds = {
+        "rel_vs_expected": reference.threshold,
+        "rel_per_position_vs_expected": reference.threshold_per_position,
+    }
     return compare.judge([figures], bounds)
 
 
@@ -75,19 +75,19 @@ def reference_problems(figures: dict, reference: dict) -> list[str]:
 FP32_EPS = 2.0**-23
 
 
-def drift_problems(figures: dict, reference: dict) -> list[str]:
+def drift_problems(figures: dict, reference: Reference) -> list[str]:
     """A reference record's figures against the ones measured at release time: more than the manifest's
     `max_over_recorded` times the recorded figure (floored at float32's epsilon) means a different
     runtime or a changed graph, even under the threshold. NaN anywhere fails."""
     from scripts.checks import compare
 
-    factor = reference["max_over_recorded"]
+    factor = reference.max_over_recorded
     out = []
-    for key, recorded_key in (
-        ("rel_vs_expected", "max_rel"),
-        ("rel_per_position_vs_expected", "max_rel_per_position"),
+    for key, recorded in (
+        ("rel_vs_expected", reference.max_rel),
+        ("rel_per_position_vs_expected", reference.max_rel_per_position),
     ):
-        recorded, measured = reference.get(recorded_key), figures.get(key)
+        measured = figures.get(key)
         if compare.exceeds(recorded, float("inf")):
             out.append(f"{key}: the manifest's recorded figure {recorded!r} is not a finite number")
         elif compare.exceeds(measured, factor * max(recorded, FP32_EPS)):
