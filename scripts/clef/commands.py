@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from scripts.pipeline.errors import ClefError
+from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.records import Record, optional
 from scripts.release import reader, references, signing
 from scripts.release.manifest import ArtifactEntry, Artifacts, GpuFigures, Manifest
@@ -94,8 +94,7 @@ def check_graph(root: Path, manifest: Manifest, name: str) -> None:
     size and sha256 against `files` (the whole file read: what the manifest records, reader.changed)."""
     paths = reader.check_paths(root, manifest)
     if paths:
-        more = f" (and {len(paths) - 1} more problems)" if len(paths) > 1 else ""
-        raise ClefError(f"{root / reader.MANIFEST}: {paths[0]}{more}")
+        raise ClefError(f"{root / reader.MANIFEST}: {first_of(paths)}")
     file = manifest.artifacts[name].file
     if not (root / file).is_file():
         raise ClefError(f"{root / file}, which holds {name}, is missing")
