@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: lock release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench
+.PHONY: lock release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench train-tiny train-tiny-check corpus-manifest
 
 env: $(STAMP) vulkan .dvc/plots.html
 
@@ -97,3 +97,17 @@ bundle-memory: env
 # release against its twin at the other of fp32 / fp16 (after make release). A benchmark: not part of `make test`.
 weights-bench: env
 	python -m scripts.bench.weights_bench
+
+# The embedded checkpoint trained on the corpus's train part (scripts/checkpoint/train_tiny.py, ~25 min on 2 cores),
+# then its held-out quality beside a bigram (results/tiny_quality.json). Committed: make release never retrains.
+# `make train-tiny-check` retrains and names the first tensor that differs from the committed ones.
+train-tiny: env
+	python -m scripts.checkpoint.train_tiny
+	python -m scripts.checkpoint.tiny_quality
+
+train-tiny-check: env
+	python -m scripts.checkpoint.train_tiny --check
+
+# scripts/checkpoint/corpus.json again from the installed package (after a lock file change moves it).
+corpus-manifest: env
+	python -m scripts.checkpoint.corpus
