@@ -98,7 +98,7 @@ bundle-memory: env
 weights-bench: env
 	python -m scripts.bench.weights_bench
 
-# The embedded checkpoint trained on the corpus's train part (scripts/checkpoint/train_tiny.py, ~25 min on 2 cores),
+# The embedded checkpoint trained on the corpus's train part (scripts/checkpoint/train_tiny.py, ~25 min on 2 quiet cores, 41 min beside other work),
 # then its held-out quality beside a bigram (results/tiny_quality.json). Committed: make release never retrains.
 # `make train-tiny-check` retrains and names the first tensor that differs from the committed ones.
 train-tiny: env

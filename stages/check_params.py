@@ -1,5 +1,6 @@
 """DVC stage `check_params`: all of params.yaml against scripts/pipeline/params.py's schema, the
-signing key it names (scripts/release/signing.py), and every figure recorded under results/ against the
+signing key it names (scripts/release/signing.py), the held-out text's size against the records the
+params ask for (scripts/checks/records.py), and every figure recorded under results/ against the
 pass/fail bounds it sets (scripts/pipeline/bounds.py: no stage declares those, so none reruns for them),
 before any other stage.
 
@@ -11,6 +12,8 @@ persistent output (DVC does not delete it before the run), so a refused run leav
 
 from pathlib import Path
 
+from scripts.checkpoint import corpus
+from scripts.checks import records
 from scripts.pipeline import atomic, bounds, layout, params
 from scripts.pipeline.errors import ClefError, first_of
 from scripts.pipeline.harness import run_stage
@@ -21,6 +24,11 @@ def main() -> None:
     p = params.load()
     if p["release"]["signing_key"]:  # a key that cannot sign fails here, not after every stage has run
         signing.load_private_key(p["release"]["signing_key"], repo=Path.cwd())
+    if p["model"]["source"] != "synthetic":  # its records are random ids (scripts/checks/record_text.py)
+        held_out = sum(f.bytes for f in corpus.load().held_out)
+        scored = (p["decision"]["scored_tokens"], p["decision"]["pair_scored_tokens"])
+        if problem := records.text_unfit(p["lengths"], p["pairs"], scored, held_out):
+            raise ClefError(f"params.yaml: {problem}")
     failing = bounds.problems(p)
     if failing:
         raise ClefError(first_of(failing))

@@ -35,6 +35,8 @@ def main() -> None:
             "verify_gpu.section_work",
             "verify_gpu.layers",
             "model.source",
+            "decision.scored_tokens",
+            "decision.pair_scored_tokens",
         ]
     )  # layers: auto reads the source
     form = str(kernel_form.parse(p["form"]))
@@ -58,11 +60,11 @@ def main() -> None:
     runs = {mode: gpu_check.ModeRun(graph, mode, census) for mode in gpu_check.MODES}
     for run in runs.values():  # no adapter: one line before any torch work (a refused op: when its section runs)
         run.gate()
-    rows = gpu_verification.rows(of, snap, form, p["weights"], layers, runs)
+    rows, made = gpu_verification.rows(of, snap, form, p["weights"], layers, runs, rec.source, p["decision"])
     graph.close()
     depth = layers or config.num_hidden_layers
     found = gpu_verification.GpuFindings(
-        of, path, form, p["weights"], census, depth, config.num_hidden_layers, graph, runs, rows
+        of, path, form, p["weights"], census, depth, config.num_hidden_layers, graph, runs, rows, made
     )
     finish(gpu_verification.result(found, bounds))
 

@@ -3,7 +3,7 @@ and causality -> results/model.json. Fails, naming the row, past a bound (global
 or when the memory-cut control does not break the global bound by controls.min_over_threshold."""
 
 from scripts.checkpoint import snapshot
-from scripts.checks import compare, model_check
+from scripts.checks import compare, model_check, record_text
 from scripts.checks.finish import CheckResult, finish
 from scripts.layers import kernel_form
 from scripts.pipeline import layout, params
@@ -20,9 +20,9 @@ def main() -> None:
     min_over = params.min_over_threshold(p)
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
-    vocab = snapshot.text_config(path)["vocab_size"]
     model, _, _ = patch.load(path, form)
-    rows = model_check.model_rows(model, Host(path), lengths, vocab)
+    host = Host(path)
+    rows = model_check.model_rows(model, host, lengths, record_text.for_source(rec.source, host))
     control = compare.worst(rows, "control_memory_cut_rel_vs_stock_f64")
     fails = model_check.failures(rows, limits)
     fails += compare.control_problems("memory_cut", control, limits["rel_vs_stock_f64"], min_over)

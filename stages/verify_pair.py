@@ -14,7 +14,7 @@ from scripts.pipeline.harness import run_stage
 
 def main() -> None:
     a = cli.pair_arguments()
-    p = params.load(["form", "weights"])
+    p = params.load(["form", "weights", "decision.pair_scored_tokens"])
     form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_pair", pair_verification.BOUNDED)
     min_over = params.min_over_threshold(p)
@@ -22,7 +22,7 @@ def main() -> None:
     layout.require(path, "export_pair")
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
-    found = pair_verification.verify(path, rec, snap, form, p["weights"], a.prefix, a.suffix)
+    found = pair_verification.verify(path, rec, snap, form, p["weights"], a.prefix, a.suffix, p["decision"])
     finish(pair_verification.result(found, limits, min_over))
 
 

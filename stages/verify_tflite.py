@@ -18,7 +18,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, required=True)
     length = ap.parse_args().length
-    p = params.load(["form", "weights", "verify_tflite.latency_repeats", "verify_tflite.latency_seconds"])
+    p = params.load(
+        ["form", "weights", "verify_tflite.latency_repeats", "verify_tflite.latency_seconds", "decision.scored_tokens"]
+    )
     form = str(kernel_form.parse(p["form"]))
     limits = params.bounds(p, "verify_tflite", tflite_verification.BOUNDED)
     min_over = params.min_over_threshold(p)
@@ -27,7 +29,7 @@ def main() -> None:
     rec = snapshot.load_record()
     snap = snapshot.verify(rec)
     repeats, budget = int(p["verify_tflite"]["latency_repeats"]), float(p["verify_tflite"]["latency_seconds"])
-    found = tflite_verification.verify(path, rec, snap, form, p["weights"], length, repeats, budget)
+    found = tflite_verification.verify(path, rec, snap, form, p["weights"], length, repeats, budget, p["decision"])
     finish(tflite_verification.result(found, limits, min_over))
 
 

@@ -168,6 +168,9 @@ TEST_PARAMS = {
     "  - {prefix: 256, suffix: 64}\n": "",
     "  - {prefix: 128, suffix: 64}\n": "",
     "signing_key: null": "signing_key: {key}",
+    # the decision figures' mechanism, on fewer windows (the software GPU runs each one in every mode)
+    "\n  scored_tokens: 8192\n": "\n  scored_tokens: 1024\n",
+    "\n  pair_scored_tokens: 2048\n": "\n  pair_scored_tokens: 512\n",
 }
 
 

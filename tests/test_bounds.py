@@ -117,3 +117,27 @@ def test_a_half_mode_is_held_to_the_floor_only_when_named(records):
     p["verify_gpu"]["fp16_max_over_floor"] = 1.2
     (said,) = bounds.problems(p, records)
     assert "the mixed mode's over_floor 1.5" in said and str(layout.GPU) in said
+
+
+def test_a_recorded_decision_figure_is_held_only_where_its_place_is_enforced(records):
+    """check_params holds every recorded decision figure of an enforced place to params.yaml's decision
+    bounds (the mean KLD from above, the same-top share from below); a place not enforced is only recorded."""
+    mixed = {"kld_mean": 4e-4, "same_top": 0.995}
+    made = {"weights": "fp16", "places": {"gpu_mixed": mixed}}
+    edit_record(records, "results/gpu/gpu_row_L64.json", lambda r: r.update(decision=made))
+    assert bounds.problems(COMMITTED, records) == []  # gpu_mixed enforced, within 1e-3 and 99 %
+    (said,) = bounds.problems(with_value("decision.max_kld_mean.gpu_mixed", 1e-4), records)
+    assert said.startswith("params.yaml decision.max_kld_mean.gpu_mixed: a bound of 0.0001 fails the gpu_mixed")
+    (said,) = bounds.problems(with_value("decision.min_same_top.gpu_mixed", 0.999), records)
+    assert "decision.min_same_top.gpu_mixed: a bound of 0.999 fails the gpu_mixed same-top share 0.995" in said
+    assert bounds.problems(with_value("decision.enforced", ["cpu"]), records) == []
+    edit_record(
+        records, "results/pair_P64_S64.json", lambda r: r.update(decision={"weights": "int8", "places": {"cpu": mixed}})
+    )
+    assert bounds.problems(COMMITTED, records) == []  # int8 weights: the storage's effect is recorded, not held
+    edit_record(
+        records, "results/pair_P64_S64.json", lambda r: r.update(decision={"weights": "fp32", "places": {"cpu": mixed}})
+    )
+    kld, same = bounds.problems(COMMITTED, records)  # the CPU is held to float32 rounding: both fail
+    assert "decision.max_kld_mean.cpu" in kld and "results/pair_P64_S64.json" in kld
+    assert "decision.min_same_top.cpu" in same

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from scripts.checks import compare, gpu_check, kernel_check, model_check, pair_check, tflite_check
+from scripts.checks import compare, gpu_check, kernel_check, model_check, pair_check, record_text, tflite_check
 from scripts.layers import gated_delta
 from scripts.pipeline import params
 from scripts.pipeline.errors import ClefError
@@ -196,7 +196,7 @@ def test_verify_layers_fails_on_nan(nan_kernel, tiny_snapshot):
 
 def test_verify_model_fails_on_nan(nan_kernel, tiny_snapshot):
     model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
-    rows = model_check.model_rows(model, Host(tiny_snapshot), [64], model.config.vocab_size)
+    rows = model_check.model_rows(model, Host(tiny_snapshot), [64], record_text.RandomIds(model.config.vocab_size))
     lines = model_check.failures(rows, {"rel_vs_stock_f64": 1e-4, "rel_causality": 1e-6})
     assert any("check=vs_stock, L=64, record=full: rel_vs_stock_f64 is inf" in ln for ln in lines), lines
 
@@ -241,7 +241,9 @@ def test_verify_pair_fails_on_nan(patched):
         FORM,
         pair_graph.state_shapes(model, P),
     )
-    rows = pair_check.chaining(runner, pair_check.References(model, host, P, S), model.config.vocab_size, seed=1)
+    rows = pair_check.chaining(
+        runner, pair_check.References(model, host, P, S), record_text.RandomIds(model.config.vocab_size), seed=1
+    )
     lines = judged([r for r in rows if r["check"] == "chaining"], ["rel_vs_row", "rel_per_position_vs_row"])
     assert any("check=chaining, p=64, s=16: rel_vs_row is inf" in ln for ln in lines), lines
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from scripts.checks import compare, controls, model_check
+from scripts.checks import compare, controls, model_check, record_text
 from scripts.layers import gated_delta
 from scripts.qwen35 import model_change, patch, text_stack
 from scripts.qwen35.host import Host
@@ -71,7 +71,9 @@ def test_causality_cannot_see_the_pad_guard(tiny_snapshot):
     verify_pair's chaining with padded prefixes (tests/test_pair_graph.py shows it failing)."""
     model, _, _ = patch.load(tiny_snapshot, FORM, progress=False)
     with model_change.changed(model, pad_guard=False):
-        row = model_check.causality(model, Host(tiny_snapshot), 64, model.config.vocab_size, seed=0)
+        row = model_check.causality(
+            model, Host(tiny_snapshot), 64, record_text.RandomIds(model.config.vocab_size), seed=0
+        )
     assert row.rel_causality == 0.0
     assert list(row.to_json()) == [  # results/model.json's causality row, as it has always been written
         "check",

@@ -80,3 +80,25 @@ def test_a_first_block_missing_an_op_kind_is_refused():
         gpu_verification.require_first_block_reaches_all(graph, Path("p.tflite"))
     graph.plans["suffix"].unreached = []
     gpu_verification.require_first_block_reaches_all(graph, Path("p.tflite"))
+
+
+def test_a_mode_whose_decisions_miss_an_enforced_bound_fails_and_its_figures_are_recorded():
+    """The decision record rides in the GPU record; a mode listed in decision.enforced that misses its bound is
+    a problem naming the place, one that is not listed is only recorded; the metrics row carries mixed's."""
+    import dataclasses
+
+    from tests.test_tflite_verification import decision_record
+
+    cpu_shaped = decision_record(5e-3, [])
+    f = cpu_shaped.places["cpu"]
+    made = dataclasses.replace(
+        cpu_shaped,
+        places={"gpu_mixed": f, "gpu_fp16": f, "torch_float16": cpu_shaped.places["torch_float16"]},
+        bounds={"gpu_mixed": cpu_shaped.bounds["cpu"], "gpu_fp16": cpu_shaped.bounds["cpu"]},
+        enforced=["gpu_mixed"],
+    )
+    result = gpu_verification.result(dataclasses.replace(findings(), decision=made), BOUNDS)
+    assert not result.passed and result.problems == ["decision gpu_mixed L=8: mean KLD 0.005 over 16 tokens > 1e-06"]
+    assert result.record["decision"]["places"]["gpu_fp16"]["kld_mean"] == 5e-3
+    assert result.figures["kld_mean"] == 5e-3 and "gpu_mixed mean KLD 5.00e-03" in result.lines[0]
+    assert gpu_verification.result(findings(), BOUNDS).record["decision"] is None

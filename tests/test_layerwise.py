@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from scripts.checks import layerwise, model_check
+from scripts.checks import layerwise, model_check, record_text
 from scripts.qwen35 import patch, row_graph, text_stack
 from scripts.qwen35.host import Host
 
@@ -102,7 +102,7 @@ def test_the_patched_graph_in_float64_by_layer_equals_its_copy(stack, tiny_snaps
     patch.patch(model)
     gated_delta.set_form(model, "R64+sp+ec+dd+vs6")
     host = Host(tiny_snapshot)
-    inputs = host.record(model_check.random_ids(50, model.config.vocab_size, 1), 64)
+    inputs = host.record(record_text.random_ids(50, model.config.vocab_size, 1), 64)
     with torch.no_grad():
         graph = row_graph.ClefRowPrefill(model, 64).eval()
         whole = copy.deepcopy(graph).to(torch.float64)(**{k: v.double() for k, v in inputs.items()})["hidden"]

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from scripts.checks import compare, pair_check
+from scripts.checks import compare, pair_check, record_text
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch
 from scripts.qwen35.host import Host, PairRunner, PairState
@@ -51,7 +51,9 @@ def test_chaining_matches_the_row_including_padded_prefixes(setup):
     """Suffix and prefix hidden against the row, global and per position; the controls break the bound."""
     model, _, runner = setup
     refs = pair_check.References(model, runner.host, PRE, SUF)
-    rows = pair_check.chaining(runner, refs, model.config.vocab_size, seed=3, pad_guard_control=True)
+    rows = pair_check.chaining(
+        runner, refs, record_text.RandomIds(model.config.vocab_size), seed=3, pad_guard_control=True
+    )
     chained = [r for r in rows if r["check"] == "chaining"]
     assert {(r["p"], r["s"]) for r in chained} == {(1, 1), (1, SUF), (32, 1), (32, SUF), (64, 1), (64, SUF)}
     assert {r["p"] for r in rows if r["check"] == "prefix_hidden"} == {1, 32, 64}
@@ -80,7 +82,10 @@ def test_padded_prefix_conv_state_comes_from_the_last_real_tokens(setup):
 def test_one_state_many_suffixes(setup):
     model, _, runner = setup
     rows = pair_check.reuse(
-        runner, pair_check.References(model, runner.host, PRE, SUF), model.config.vocab_size, seed=9
+        runner,
+        pair_check.References(model, runner.host, PRE, SUF),
+        record_text.RandomIds(model.config.vocab_size),
+        seed=9,
     )
     assert len(rows) == 3 and max(r["rel_vs_row"] for r in rows) < 1e-5
 
@@ -90,19 +95,22 @@ def test_references_are_kept_for_the_interpreter_after_the_stack_is_freed(setup)
     not compute is an error, not a silent recomputation with no stack."""
     model, _, runner = setup
     refs = pair_check.References(model, runner.host, PRE, SUF)
-    first = pair_check.check(runner, refs, model.config.vocab_size, seed=2)
+    first = pair_check.check(runner, refs, record_text.RandomIds(model.config.vocab_size), seed=2)
     refs.free()
     assert refs.model is None and refs.twin is None and refs.graph is None
-    again = pair_check.check(runner, refs, model.config.vocab_size, seed=2)
+    again = pair_check.check(runner, refs, record_text.RandomIds(model.config.vocab_size), seed=2)
     assert again == first
     with pytest.raises(RuntimeError, match="the torch checks did not compute it"):
-        pair_check.check(runner, refs, model.config.vocab_size, seed=3)
+        pair_check.check(runner, refs, record_text.RandomIds(model.config.vocab_size), seed=3)
 
 
 def test_state_matches_transformers_cache_in_float64(setup):
     model, _, runner = setup
     rows = pair_check.state_vs_transformers(
-        runner, pair_check.References(model, runner.host, PRE, SUF), model.config.vocab_size, seed=1
+        runner,
+        pair_check.References(model, runner.host, PRE, SUF),
+        record_text.RandomIds(model.config.vocab_size),
+        seed=1,
     )
     assert {r["entry"] for r in rows} == set(pair_graph.state_names(model))
     assert max(r["rel_state_vs_stock_f64"] for r in rows) < 1e-4, rows  # verify_pair's bound
@@ -150,11 +158,13 @@ def test_the_checks_share_the_half_prefix_and_one_row_per_prefix_length(setup):
     refs = pair_check.References(model, host, PRE, SUF)
     graph = refs.graph
     refs.graph = lambda **inputs: row_calls.append(1) or graph(**inputs)
-    rows = pair_check.check(counting, refs, model.config.vocab_size, seed=4, pad_guard_control=True)
+    rows = pair_check.check(
+        counting, refs, record_text.RandomIds(model.config.vocab_size), seed=4, pad_guard_control=True
+    )
     assert len(prefix_calls) == 3 + 1  # p in {1, 32, 64}, and the unguarded p = 32
     assert len(row_calls) == 3 + 2  # one per p, and reuse's two questions beyond chaining's own
     assert {r["check"] for r in rows} == {"chaining", "prefix_hidden", "reuse", "state"}
-    tokens = pair_check.chaining_tokens(PRE, SUF, model.config.vocab_size, 4)[32]
+    tokens = pair_check.chaining_tokens(PRE, SUF, record_text.RandomIds(model.config.vocab_size), 4)[32]
     with torch.no_grad():
         head = graph(**host.record(tokens[:33], PRE + SUF))["hidden"][:, 32:33]
     assert compare.rel(refs.row(tokens)[:, 32:33], head) < 1e-6

@@ -47,7 +47,7 @@ def findings(tmp_path: Path, found_rows: list[dict], problems=()) -> PairFinding
 def test_a_passing_pair_keeps_the_records_keys_and_figures(tmp_path):
     result = pair_verification.result(findings(tmp_path, rows()), LIMITS, 10.0)
     summary = result.record["summary"]
-    assert list(result.record) == ["summary", "census", "metadata", "reference_record", "rows"]
+    assert list(result.record) == ["summary", "census", "metadata", "reference_record", "no_decision", "rows"]
     assert list(summary) == [
         "P",
         "S",

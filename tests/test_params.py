@@ -76,6 +76,12 @@ def test_each_bad_edit_refused_in_one_line(case):
         ),
         (lambda p: p["model"].update(revision="F0B7D3CD65296ABFE459E6C228B618F5D8B26D2F"), "40-hex"),
         (lambda p: p["pairs"].append({"prefix": 64, "suffix": 64}), "is listed twice"),
+        (lambda p: p["decision"]["min_same_top"].update(cpu=99.9), "decision.min_same_top.cpu 99.9 is not a fraction"),
+        (lambda p: p["decision"]["min_same_top"].update(gpu_mixed=0), "min_same_top.gpu_mixed 0 is not a fraction"),
+        (lambda p: p["decision"]["max_kld_mean"].update(gpu_fp32="1e-6"), "max_kld_mean.gpu_fp32 '1e-6' is not a"),
+        (lambda p: p["decision"]["max_kld_mean"].pop("cpu"), "decision.max_kld_mean.cpu is missing"),
+        (lambda p: p["decision"].update(enforced=["gpu"]), "decision.enforced entry 'gpu' is not one of"),
+        (lambda p: p["decision"].update(scored_tokens=0), "decision.scored_tokens 0 is not an integer >= 1"),
     ],
 )
 def test_schema_rules(edit, fragment):

@@ -473,3 +473,54 @@ def test_params_table_says_which_stages_each_key_reruns(tmp_path):
         r.split(" | ")[0].lstrip("| "): r for r in readme.params_table(tmp_path).splitlines() if r.startswith("| `")
     }
     assert rows["`memory`"].split(" | ")[1] == "verify_kernel"
+
+
+def decision_figures(kld: float, same: float) -> dict:
+    f = {k: 0.0 for k in ("kld_median", "kld_p99", "kld_p95", "kld_p90", "kld_p10", "kld_p5", "kld_p1")}
+    f.update(scored_tokens=8192, kld_mean=kld, kld_mean_err=kld / 10, kld_p99_9=10 * kld, kld_max=20 * kld)
+    f.update(same_top=same, same_top_err=0.001, rms_delta_p=1e-3, rms_delta_p_err=1e-5)
+    f.update(ln_ppl_ratio=2e-4, ln_ppl_ratio_err=1e-5, ppl_truth=1.7, ppl_graph=1.7)
+    return f
+
+
+def test_the_decisions_table_gives_each_graph_and_place_with_its_bound(workspace):
+    """Per graph: the CPU's and each GPU mode's figures, the floor once, and whether the place is enforced;
+    a run without decision figures (synthetic) says so in one line."""
+    assert readme.decisions_table(readme.read_metrics(workspace)).startswith("No decision figures in this run")
+    bounds = {"cpu": {"max_kld_mean": 1e-6, "min_same_top": 0.999}}
+    cpu = {
+        "L": 64,
+        "windows": 128,
+        "scored_tokens": 8192,
+        "places": {"cpu": decision_figures(3e-9, 1.0), "torch_float16": decision_figures(2e-4, 0.995)},
+        "bounds": bounds,
+        "enforced": ["cpu"],
+    }
+    atomic.write_json(workspace / layout.result_path("tflite_L64"), {"decision": cpu})
+    gpu = {
+        **cpu,
+        "places": {"gpu_mixed": decision_figures(4e-4, 0.993), "torch_float16": decision_figures(2e-4, 0.995)},
+        "bounds": {"gpu_mixed": {"max_kld_mean": 1e-3, "min_same_top": 0.99}},
+        "enforced": [],
+    }
+    atomic.write_json(
+        workspace / layout.gpu_result_path("gpu_row_L64"), {**GPU_RECORDS["gpu_row_L64"], "decision": gpu}
+    )
+    body = readme.decisions_table(readme.read_metrics(workspace)).splitlines()[2:]
+    assert body == [
+        "| row L=64 | LiteRT CPU | 8,192 | 3.0e-09 ± 3.0e-10 | 0.0e+00 | 3.0e-08 | 6.0e-08 | 100.00 % ± 0.10 % "
+        "| 1.0e-03 | 2.0e-04 ± 1.0e-05 | 1.0e-06 / 99.90 % (enforced) |",
+        "| row L=64 | GPU mixed | 8,192 | 4.0e-04 ± 4.0e-05 | 0.0e+00 | 4.0e-03 | 8.0e-03 | 99.30 % ± 0.10 % "
+        "| 1.0e-03 | 2.0e-04 ± 1.0e-05 | 1.0e-03 / 99.00 % (recorded) |",
+        "| row L=64 | floor: torch float16 | 8,192 | 2.0e-04 ± 2.0e-05 | 0.0e+00 | 2.0e-03 | 4.0e-03 "
+        "| 99.50 % ± 0.10 % | 1.0e-03 | 2.0e-04 ± 1.0e-05 | - |",
+    ]
+    summary = readme.decision_summary_table(readme.read_metrics(workspace))
+    assert "| LiteRT CPU | 1 | 8,192 | 3.0e-09 | 100.00 % | +2.0e-04 | 1.0e-06 / 99.90 % (enforced): met |" in summary
+    assert "| GPU mixed | 1 | 8,192 | 4.0e-04 | 99.30 % | +2.0e-04 | 1.0e-03 / 99.00 % (recorded): met |" in summary
+    assert "set **mixed**" in summary and "q8_0 1.36e-03 / 97.67 %" in summary
+    gpu["places"]["gpu_mixed"] = decision_figures(4e-3, 0.993)  # over its bound: fp32 is the advice
+    record = {**GPU_RECORDS["gpu_row_L64"], "decision": gpu}
+    atomic.write_json(workspace / layout.gpu_result_path("gpu_row_L64"), record)
+    summary = readme.decision_summary_table(readme.read_metrics(workspace))
+    assert "(recorded): **not met**" in summary and "set **fp32**" in summary

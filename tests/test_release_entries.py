@@ -23,8 +23,10 @@ def test_the_gpu_entry_is_verify_gpus_figures_in_their_order(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     write_gpu("gpu_row_L64", {"kind": "row", **{k: i for i, k in enumerate(reversed(FIGURES))}, "passed": True})
     entry = entries.gpu_section("gpu_row_L64").to_json()
-    assert list(entry) == FIGURES and entry["device"] == 0
-    assert FIGURES[:3] == ["fully_accelerated", "layers_checked", "layers"] and FIGURES[-1] == "device"
+    assert list(entry) == FIGURES and entry["device"] == 1
+    assert FIGURES[:3] == ["fully_accelerated", "layers_checked", "layers"] and FIGURES[-2:] == ["device", "decision"]
+    write_gpu("gpu_row_L64", {"kind": "row", **{k: 0 for k in FIGURES if k != "decision"}, "passed": True})
+    assert "decision" not in entries.gpu_section("gpu_row_L64").to_json()  # a record from before it, or synthetic
 
 
 def test_a_refused_graph_keeps_its_two_keys(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 
-from scripts.checks import compare, model_check
+from scripts.checks import compare, model_check, record_text
 from scripts.pipeline import params
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
@@ -89,7 +89,7 @@ def test_row_graph_matches_the_stock_twin_and_is_causal(patched, tiny_snapshot):
     """verify_model's checks at L = 64, against params.yaml's bounds, global and per position."""
     model, _ = patched
     p = params.load(["verify_model"], ROOT / "params.yaml")
-    rows = model_check.model_rows(model, Host(tiny_snapshot), [64], vocab=model.config.vocab_size)
+    rows = model_check.model_rows(model, Host(tiny_snapshot), [64], record_text.RandomIds(model.config.vocab_size))
     limits = params.bounds(p, "verify_model", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_causality"))
     assert model_check.failures(rows, limits) == []
     assert all("rel_per_position_vs_stock_f64" in r for r in rows if r["check"] == "vs_stock")
@@ -111,10 +111,10 @@ def test_the_smallest_length_the_schema_takes_passes_verify_model_and_one_less_i
     p = params.load(["verify_model"], ROOT / "params.yaml")
     limits = params.bounds(p, "verify_model", ("rel_vs_stock_f64", "rel_per_position_vs_stock_f64", "rel_causality"))
     host = Host(tiny_snapshot)
-    rows = model_check.model_rows(model, host, [least], vocab=model.config.vocab_size)
+    rows = model_check.model_rows(model, host, [least], record_text.RandomIds(model.config.vocab_size))
     assert model_check.failures(rows, limits) == [] and {r["check"] for r in rows} == {"vs_stock", "causality"}
     with pytest.raises(ClefError, match="do not fit a graph of L="):
-        model_check.model_rows(model, host, [least - 1], vocab=model.config.vocab_size)
+        model_check.model_rows(model, host, [least - 1], record_text.RandomIds(model.config.vocab_size))
 
 
 def test_pad_guard_keeps_the_state_at_the_last_real_token(patched):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from scripts.checks import tflite_check, tflite_verification
+from scripts.checks.decision import DecisionBounds, DecisionFigures
+from scripts.checks.decision_check import DecisionRecord
 from scripts.checks.quantization_effect import QuantizationRow
 from scripts.checks.tflite_verification import TfliteFindings
 from scripts.layers.weight_precision import Applied
@@ -33,13 +35,14 @@ KEYS = [
     "metadata",
     "reference_record",
     "latency",
+    "no_decision",
 ]
 
 
 REFERENCE = ReferenceFigures("0" * 64, 1e-6, 2e-6, [1e-6, 2e-6])
 
 
-def findings(tmp_path: Path, rel: float, control: float | None) -> TfliteFindings:
+def findings(tmp_path: Path, rel: float, control: float | None, decision=None) -> TfliteFindings:
     graph = tmp_path / "row_L8.tflite"
     graph.write_bytes(b"\0" * 12)
     row = {"record": "full", "rel_vs_torch": rel, "rel_per_position_vs_torch": rel, "finite": True}
@@ -47,7 +50,19 @@ def findings(tmp_path: Path, rel: float, control: float | None) -> TfliteFinding
         row["control_memory_cut_rel_vs_torch"] = control
     applied = Applied("fp16", 2, 100, 50, 1e-3)
     return TfliteFindings(
-        graph, "R64", "fp16", CENSUS, {}, [], [row], REFERENCE, length=8, applied=applied, effect=EFFECT, timing=TIMING
+        graph,
+        "R64",
+        "fp16",
+        CENSUS,
+        {},
+        [],
+        [row],
+        REFERENCE,
+        length=8,
+        applied=applied,
+        effect=EFFECT,
+        timing=TIMING,
+        decision=decision,
     )
 
 
@@ -97,3 +112,27 @@ def test_a_record_row_keeps_its_keys_and_holds_the_control_only_where_it_applies
     assert row["rel_vs_torch"] == 0.0 and row["finite"] is True
     cut = tflite_check.TorchReference(hidden, 2 * hidden)
     assert tflite_check.record_row("padded", 3, lite, cut).to_json()["control_memory_cut_rel_vs_torch"] == 0.5
+
+
+def decision_record(cpu_kld: float, enforced: list[str]) -> DecisionRecord:
+    exact = DecisionBounds(1e-6, 0.999)
+    f = dict(scored_tokens=16, kld_mean_err=0.0, kld_median=0.0, kld_p99_9=0.0, kld_p99=0.0, kld_p95=0.0, kld_p90=0.0)
+    f.update(kld_p10=0.0, kld_p5=0.0, kld_p1=0.0, kld_max=cpu_kld, same_top=1.0, same_top_err=0.0)
+    f.update(rms_delta_p=0.0, rms_delta_p_err=0.0, ln_ppl_ratio=0.0, ln_ppl_ratio_err=0.0, ppl_truth=2.0, ppl_graph=2.0)
+    places = {"cpu": DecisionFigures(kld_mean=cpu_kld, **f), "torch_float16": DecisionFigures(kld_mean=1e-3, **f)}
+    return DecisionRecord(8, "fp16", 2, 16, places, {"cpu": exact}, enforced)
+
+
+def test_the_decision_figures_are_held_where_enforced_and_recorded_elsewhere(tmp_path):
+    """A CPU mean KLD over its bound fails the graph when `cpu` is enforced, and is only recorded otherwise;
+    the record keeps the figures, its line says them, the metrics row carries the CPU's."""
+    held = tflite_verification.result(findings(tmp_path, 1e-6, 1.0, decision_record(2e-6, ["cpu"])), LIMITS, 10.0)
+    assert not held.passed and held.problems == ["decision cpu L=8: mean KLD 2e-06 over 16 tokens > 1e-06"]
+    assert held.record["decision"]["places"]["cpu"]["kld_mean"] == 2e-6 and "no_decision" not in held.record
+    assert "decision on 16 held-out tokens: CPU mean KLD 2.00e-06" in held.lines[0]
+    assert held.figures["kld_mean"] == 2e-6 and held.figures["same_top"] == 1.0
+    recorded = tflite_verification.result(findings(tmp_path, 1e-6, 1.0, decision_record(2e-6, [])), LIMITS, 10.0)
+    assert recorded.passed
+    fine = tflite_verification.result(findings(tmp_path, 1e-6, 1.0, decision_record(1e-9, ["cpu"])), LIMITS, 10.0)
+    assert fine.passed
+    assert DecisionRecord.from_json(fine.record["decision"], "decision") == decision_record(1e-9, ["cpu"])

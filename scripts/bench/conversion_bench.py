@@ -15,7 +15,7 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from scripts.checks import model_check, tflite_check
+from scripts.checks import record_text, tflite_check
 from scripts.litert import export, tflite_file
 from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.measure import Stopwatch
@@ -59,7 +59,7 @@ class ConversionBench(Conversion, Record):
 
 def bench_record(host: Host, vocab: int) -> Tensors:
     """The row graph inputs both conversions are timed on: BENCH_L random tokens, the same for every form."""
-    return host.record(model_check.random_ids(BENCH_L, vocab, BENCH_L), BENCH_L)
+    return host.record(record_text.random_ids(BENCH_L, vocab, BENCH_L), BENCH_L)
 
 
 def load_block(snap: Path, form: str):

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from scripts.checkpoint import snapshot
-from scripts.checks import compare, model_check
+from scripts.checks import compare, model_check, record_text
 from scripts.litert import export, gpu_accelerator, tflite_file
 from scripts.pipeline import atomic, layout, provenance
 from scripts.pipeline.errors import ClefError, run_command
@@ -450,7 +450,7 @@ def environment(adapters: set[str]) -> Environment:
 
 @dataclasses.dataclass(frozen=True)
 class BenchInput(Record):
-    """The record every candidate ran on: its token count, model_check.random_ids's seed, its real tokens."""
+    """The record every candidate ran on: its token count, record_text.random_ids's seed, its real tokens."""
 
     tokens: int
     seed: int
@@ -496,7 +496,7 @@ def main() -> None:
         raise ClefError(f"{OURS_ROW} names no form in its metadata")
     model, _, _ = patch.load(snap, form, progress=False)
     cfg = model.config
-    inputs = Host(snap).record(model_check.random_ids(L, cfg.vocab_size, SEED), L)
+    inputs = Host(snap).record(record_text.random_ids(L, cfg.vocab_size, SEED), L)
     i = first_gdn_index(model)
     with torch.no_grad():
         layer_in = model.layers[i].input_layernorm(inputs["embeds"])

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scripts.checkpoint import snapshot
-from scripts.checks import compare, model_check
+from scripts.checks import compare, model_check, record_text
 from scripts.layers import gated_delta, kernel_form
 from scripts.litert import export, gpu_accelerator
 from scripts.pipeline import atomic
@@ -304,7 +304,7 @@ class Captured:
 def capture(model, host, length: int, seed: int) -> Captured:
     """The first GatedDeltaNet's input, projections, conv output, q/k/v (heads interleaved), g and core."""
     vocab = host.embed_tokens.shape[0]
-    record = host.record(model_check.random_ids(length, vocab, seed), length)
+    record = host.record(record_text.random_ids(length, vocab, seed), length)
     gdn = next(layer.linear_attn for layer in model.layers if layer.block_type == "linear_attention")
     seen = {}
 
@@ -694,7 +694,7 @@ class WholeGraphs(Record):
 
 def graph_rows(model, host) -> WholeGraphs:
     vocab = host.embed_tokens.shape[0]
-    records = {s: host.record(model_check.random_ids(MODEL_L, vocab, s), MODEL_L) for s in MODEL_SEEDS}
+    records = {s: host.record(record_text.random_ids(MODEL_L, vocab, s), MODEL_L) for s in MODEL_SEEDS}
     out = {}
     for scope, layers in (("one_layer", 1), ("row", 0)):
         base = truncated(model, layers) if layers else model

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from scripts.checkpoint import snapshot
-from scripts.checks import compare, model_check, tflite_check
+from scripts.checks import compare, record_text, tflite_check
 from scripts.litert import tflite_file
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
@@ -80,7 +80,7 @@ def graph_rate(ws: Path, length: int) -> GraphRate:
     snap = snapshot.verify(snapshot.load_record(ws / "results/snapshot.json"), root=ws)
     host = Host(snap)
     vocab = snapshot.text_config(snap)["vocab_size"]
-    inputs = host.record(model_check.random_ids(length, vocab, length), length)
+    inputs = host.record(record_text.random_ids(length, vocab, length), length)
     runner = tflite_check.interpreter(path).get_signature_runner()
     seconds = median_seconds(lambda: tflite_check.run(runner, inputs), REPEATS)
     flops = tflite_file.matmul_flops(path)

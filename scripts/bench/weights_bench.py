@@ -10,7 +10,9 @@ the stored weights, the graph converted and stored, and on the same host-built r
   verify_tflite, 1e-4), on LiteRT's CPU accelerator, and on the GPU accelerator in every mode where
   the workspace's GPU checks run whole graphs (the tiny checkpoint), or the accelerator's refusal;
 - the quantization's effect: the graph against stock float64 with the checkpoint's weights, and the
-  lm_head's decisions (scripts/checks/quantization_effect.py);
+  lm_head's decisions (scripts/checks/quantization_effect.py); on held-out text, the decision figures
+  (scripts/checks/decision_check.py: llama.cpp's KL-divergence statistics) on LiteRT's CPU, beside the
+  torch-float16 floor (the GPU modes' decisions at the release's weights are verify_gpu's);
 - against the fp32-stored graph's outputs: what the storage alone changes;
 - speed: LiteRT CPU and torch eager medians on one record, the GPU accelerator's, and the CPU's rate
   against this machine's fp32 matmul peak (scripts/bench/report.py); the fp32 graph is timed again
@@ -34,7 +36,16 @@ import torch
 
 from scripts.bench import report
 from scripts.checkpoint import snapshot
-from scripts.checks import bundle_check, compare, gpu_check, quantization_effect, tflite_check
+from scripts.checks import (
+    bundle_check,
+    compare,
+    decision_check,
+    gpu_check,
+    quantization_effect,
+    record_text,
+    tflite_check,
+)
+from scripts.checks.decision import DecisionFigures
 from scripts.checks.quantization_effect import QuantizationEffect
 from scripts.layers import kernel_form
 from scripts.litert import export, gpu_accelerator, sections, tflite_file, weight_storage
@@ -142,6 +153,20 @@ def gpu_compiled(path: Path, max_bytes: int, census: dict) -> GpuModes:
 
 
 @dataclasses.dataclass(frozen=True)
+class Scored:
+    """The decision windows every variant is scored on (scripts/checks/decision_check.py), their truth
+    (stock float64 with the checkpoint's weights) and their graph inputs."""
+
+    host: Host
+    set: decision_check.ScoringSet
+    truth: decision_check.DecisionTruth
+    inputs: list[dict]
+
+    def of(self, hidden: list[torch.Tensor]) -> DecisionFigures:
+        return decision_check.figures(self.host, self.set, self.truth, hidden)
+
+
+@dataclasses.dataclass(frozen=True)
 class VariantConversion(Record):
     """The graph against the torch model with the same stored weights: the worst record, and each record's
     compare.figures."""
@@ -190,6 +215,7 @@ class Variant(Record):
     vs_fp32_graph: VsFp32Graph | None
     cpu: CpuSpeed
     gpu: GpuModes
+    decision: DecisionFigures | None = optional()  # LiteRT's CPU accelerator, on held-out text
 
 
 def measure(
@@ -199,7 +225,7 @@ def measure(
     has run ({} before): its outputs, and its runner, timed again right after each variant so that the
     speed ratio is of two medians taken under the same load on the machine."""
     precision, scheme = variant
-    host, peak, scratch, gpu = how["host"], how["peak"], how["scratch"], how["gpu"]
+    host, peak, scratch, gpu, scored = how["host"], how["peak"], how["scratch"], how["gpu"], how["scored"]
     clock = Stopwatch()
     model, info, _ = patch.load(snap, form, progress=False, weights=precision)
     graph = row_graph.ClefRowPrefill(model, BENCH_L).eval()
@@ -257,6 +283,7 @@ def measure(
             fraction_of_peak=flops / litert_s / 1e9 / peak.gflops,
         ),
         gpu=gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
+        decision=scored.of([tflite_check.run(runner, r)[0] for r in scored.inputs]) if scored else None,
     )
     if not base and precision == "fp32":
         base.update(outputs=outputs, graph=lite, runner=runner)  # closed by main, after every variant
@@ -266,7 +293,9 @@ def measure(
     print(
         f"weights-bench {variant_name(*variant)}: {row.bytes} bytes, conversion error "
         f"{compare.shown(row.conversion.max_rel_vs_torch)}, top-1 agreement "
-        f"{row.quantization_effect.min_top1_agreement:.3f}, LiteRT CPU {litert_s * 1e3:.1f} ms "
+        f"{row.quantization_effect.min_top1_agreement:.3f}, "
+        + (f"decision {decision_check.shown(row.decision)}, " if row.decision else "")
+        + f"LiteRT CPU {litert_s * 1e3:.1f} ms "
         f"({row.cpu.fraction_of_peak:.2f} of peak)",
         flush=True,
     )
@@ -356,6 +385,8 @@ class WeightsBench(Record):
     bundle: DerivedBundle | None
     reference_records: ReferenceRecords | None
     seconds: float
+    scored_tokens: int | None = optional()  # the decision windows' tokens (held-out text; None: random ids)
+    decision_floor: DecisionFigures | None = optional()  # stock transformers in torch float16 on them
 
 
 def main() -> None:
@@ -366,16 +397,21 @@ def main() -> None:
     ws = a.workspace
     if not (ws / "results/snapshot.json").is_file():
         raise ClefError(f"no pipeline run in {ws}: run make release (or make real-width) first")
-    p = params.load(["form", "lengths", "pairs", "model.source", "verify_gpu"], path=ws / "params.yaml")
+    p = params.load(["form", "lengths", "pairs", "model.source", "verify_gpu", "decision"], path=ws / "params.yaml")
     p["weights"] = p.get("weights", "fp32")  # a workspace from before params.yaml had `weights` stored fp32
     form = str(kernel_form.parse(p["form"]))
     snap = snapshot.verify(snapshot.load_record(ws / "results/snapshot.json"), root=ws)
     host = Host(snap)
-    vocab = snapshot.text_config(snap)["vocab_size"]
-    records = tflite_check.row_records(host, BENCH_L, vocab)
+    text = record_text.for_source(p["model"]["source"], host)
+    records = tflite_check.row_records(host, BENCH_L, text)
     gpu = params.gpu_depth(p["verify_gpu"]["layers"], p["model"]["source"]) == "all"
     model, _, _ = patch.load(snap, form, progress=False)
     truths = quantization_effect.truths(model, records)
+    scored = None
+    if text.kind == record_text.HELD_OUT_TEXT:
+        windows = decision_check.scoring_set(text, BENCH_L, p["decision"]["scored_tokens"])
+        truth = decision_check.truth(gpu_check.StockReferences(model), host, windows)
+        scored = Scored(host, windows, truth, windows.records(host))
     del model
     gc.collect()
     peak = report.matmul_peak()
@@ -388,6 +424,7 @@ def main() -> None:
             raise ClefError(f"no {ws / layout.result_path('stack')}: the GPU compile's sections are sized by it")
         section_bytes = None if gpu else gpu_check.section_bytes(p["verify_gpu"], fp32_stack, BENCH_L)
         how = {"host": host, "peak": peak, "scratch": scratch, "gpu": gpu, "section_bytes": section_bytes}
+        how["scored"] = scored
         try:
             rows = {variant_name(*v): measure(ws, snap, form, v, records, truths, base, **how) for v in VARIANTS}
         finally:
@@ -424,6 +461,8 @@ def main() -> None:
         bundle=derived,
         reference_records=others,
         seconds=clock.seconds(),
+        scored_tokens=scored.set.scored_tokens if scored else None,
+        decision_floor=decision_check.floor(host, scored.set, scored.truth) if scored else None,
     )
     atomic.write_json(ws / layout.result_path(RESULT), doc.to_json())
     print(

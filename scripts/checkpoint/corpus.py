@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 from scripts.pipeline.errors import ClefError, first_of
@@ -114,6 +115,20 @@ def text(corpus: CorpusManifest, part: str, root: Path | None = None) -> list[st
     """The files of `part`, each decoded as UTF-8, in manifest order (call after `checked`)."""
     root = site_packages() if root is None else root
     return [(root / f.path).read_text(encoding="utf-8") for f in corpus.part(part)]
+
+
+SEPARATOR = "<|endoftext|>"
+"""The special token between two files of a token stream (Qwen's tokenizers and the embedded one have it)."""
+
+
+def token_stream(encode: Callable[[str], list[int]], separator: int, texts: list[str]) -> list[int]:
+    """The files' tokens as one stream, `separator` after each file: what the embedded checkpoint is
+    trained on (train part) and what the checks' records are windows of (held-out part)."""
+    ids: list[int] = []
+    for t in texts:
+        ids.extend(encode(t))
+        ids.append(separator)
+    return ids
 
 
 if __name__ == "__main__":

@@ -138,10 +138,12 @@ def check_readable(snapshot: str | Path) -> None:
 
 
 def check_tokenizer(snapshot: str | Path) -> None:
-    """The tokenizer's JSON files that are present parse (transformers would raise a traceback)."""
+    """The tokenizer's JSON files are there and parse (transformers would raise a traceback, or fall back to
+    another tokenizer): the host encodes prompts with it, and the checks' records are text it tokenized."""
     for name in TOKENIZER_JSON:
-        if (Path(snapshot) / name).is_file():
-            read_json(Path(snapshot) / name)
+        if not (Path(snapshot) / name).is_file():
+            raise ClefError(f"{Path(snapshot) / name} is missing: the snapshot's tokenizer is needed to encode text")
+        read_json(Path(snapshot) / name)
 
 
 def load_record(path: str | Path = "results/snapshot.json") -> SnapshotRecord:

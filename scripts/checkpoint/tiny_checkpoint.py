@@ -1,4 +1,4 @@
-"""The embedded default checkpoint: clef-flash's structure at toy sizes, the same bytes everywhere.
+"""The embedded default checkpoint: clef-flash's structure at toy sizes, trained, the same bytes everywhere.
 
 No machine here reaches the Hugging Face hub, so the pipeline and the tests run on this checkpoint.
 It has what the real snapshot has, so downstream code cannot tell them apart by layout:
@@ -7,17 +7,21 @@ It has what the real snapshot has, so downstream code cannot tell them apart by 
   with the output gate, partial rotary 0.25 with interleaved M-RoPE, untied lm_head;
 - bf16 safetensors in two shards with an index, `model.visual.*` and `mtp.*` tensors included
   (the text-stack loader must skip them), and a byte-level BPE tokenizer.
-Weights are random, but shaped so that verification has something to see:
+Its text stack and lm_head are trained (scripts/checkpoint/train_tiny.py, committed under
+trained/): `tensors()` is the draw below with the trained tensors in place. The draw is where
+training starts, and it is shaped so that verification has something to see; training keeps it:
 - projections get std 0.2, not the 0.02 of initializer_range: at 0.02 the GatedDeltaNet outputs are
   too small to show in whole-model comparisons;
 - memory: in every GatedDeltaNet the even value heads decay slowly (nominal per-token rate
   A x softplus(dt_bias) in [1e-4, 2e-2], as trained Qwen3.5 heads do) and the odd heads fast
   ([0.05, 2]), so state survives many 64-token chunks and a kernel that drops the state carried
-  between chunks shows; in_proj_a is small, so the data-dependent gate modulates the decay only;
+  between chunks shows; in_proj_a is small, so the data-dependent gate modulates the decay only.
+  Training leaves A_log and dt_bias as drawn;
 - massive activations: in the embed_tokens rows of every 16th token id, 3 fixed hidden channels
-  carry values that stay 50-100x (and more) the rest of the residual stream through every layer,
-  as in trained Qwen models, so per-position errors have positions of very different scale to tell
-  apart. The rest of the stream grows ~30x through the 8 layers, so they start ~1000x above it.
+  carry values that stay far above the rest of the residual stream through every layer, as in
+  trained Qwen models, so per-position errors have positions of very different scale to tell
+  apart (drawn: >= 50x entering every layer; trained: weaker in the last layers, see
+  docs/trained-checkpoint.md).
 Each tensor comes from a seed derived from its name (a layer's A_log and dt_bias, drawn as a pair,
 from the layer's name prefix), so adding a tensor changes no other.
 """
@@ -28,12 +32,15 @@ import hashlib
 import json
 import math
 import zlib
+from pathlib import Path
 
 import torch
 
 from scripts.pipeline.mappings import ForeignJson, Shapes, Tensors
 
 REPO = "clef-litert/clef-flash-tiny"
+# The trained text stack and lm_head (make train-tiny writes it; the snapshot reads it).
+TRAINED_TENSORS = Path(__file__).with_name("trained") / "tensors.safetensors"
 SEED = 20260
 PROJECTION_STD = 0.2
 NORM_STD = 0.1  # Qwen3_5RMSNorm scales by (1 + weight): weights near 0, not 1
@@ -303,10 +310,28 @@ def shapes(cfg: ForeignJson) -> Shapes:
     return out
 
 
-def tensors() -> Tensors:
-    """Every checkpoint tensor in bf16, keyed as in the real snapshot, in sorted key order."""
+def drawn_tensors() -> Tensors:
+    """Every checkpoint tensor as drawn, in bf16, keyed as in the real snapshot, in sorted key order:
+    where training starts."""
     sizes = shapes(config())
     return {k: _draw(k, sizes[k]).to(torch.bfloat16).contiguous() for k in sorted(sizes)}
+
+
+def tensors() -> Tensors:
+    """Every checkpoint tensor in bf16, sorted by key: the draw with the committed trained tensors in
+    place (same keys, shapes and dtype, or a one-line refusal naming the first that differs)."""
+    from safetensors.torch import load_file
+
+    from scripts.pipeline.errors import ClefError
+
+    out = drawn_tensors()
+    if not TRAINED_TENSORS.is_file():
+        raise ClefError(f"no trained tensors at {TRAINED_TENSORS}: run make train-tiny")
+    for key, t in sorted(load_file(str(TRAINED_TENSORS)).items()):
+        if key not in out or out[key].shape != t.shape or t.dtype != torch.bfloat16:
+            raise ClefError(f"{TRAINED_TENSORS}: {key} is not a bf16 tensor of the drawn checkpoint's shape")
+        out[key] = t.contiguous()
+    return out
 
 
 def shard_name(i: int) -> str:

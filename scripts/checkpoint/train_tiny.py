@@ -1,12 +1,16 @@
 """Train the embedded checkpoint on the corpus's train part (make train-tiny), deterministically.
 
 It starts from the drawn checkpoint (scripts/checkpoint/tiny_checkpoint.py) and trains every text-stack
-tensor and lm_head with AdamW on next-token cross-entropy, except each GatedDeltaNet's A_log and
-dt_bias: those stay as drawn, so the designed memory (even heads keep their state for hundreds of
-tokens) is a property of the trained model too. The massive-activation entries of embed_tokens are
-trained like the rest; at this learning rate they stay massive. Batches are windows of the token stream
-at offsets drawn from one seeded generator; the thread count is fixed, so the same machine kind gives
-the same bytes, and `--check` retrains and names the first tensor that differs from the committed one.
+tensor and lm_head with AdamW on next-token cross-entropy, but for what verification needs kept as drawn:
+- each GatedDeltaNet's decay (A_log, dt_bias and in_proj_a, the data-dependent gate): trained freely,
+  the gate learns to speed the decay on most text and half the heads lose their memory within a chunk,
+  so a kernel that drops the state carried between chunks would no longer show;
+- the massive activations: their entries of embed_tokens, and the rows of every residual writer
+  (o_proj, out_proj, down_proj) for their channels: trained freely, the layers learn to write against
+  them and the rest of the stream grows, down to ~11x the rest entering the last layer.
+Batches are windows of the token stream at offsets drawn from one seeded generator; the thread count is
+fixed, so the same machine kind gives the same bytes, and `--check` retrains and names the first tensor
+that differs from the committed one.
 
 Writes scripts/checkpoint/trained/: tensors.safetensors (the trained tensors in bf16), training.json
 (steps, tokens, seconds, the loss curve) and loss.svg.
@@ -23,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from scripts.checkpoint import corpus
+from scripts.checkpoint import corpus, tiny_checkpoint
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record
 
 FOLDER = Path(__file__).with_name("trained")
-TENSORS = FOLDER / "tensors.safetensors"
+TENSORS = tiny_checkpoint.TRAINED_TENSORS
 RECORD = FOLDER / "training.json"
 CURVE = FOLDER / "loss.svg"
 SEED = 51
@@ -40,8 +44,8 @@ LR = 2e-3
 WARMUP = 50
 BETAS = (0.9, 0.95)
 CLIP = 1.0
-FROZEN = (".A_log", ".dt_bias")
-SEPARATOR = "<|endoftext|>"  # between corpus files
+FROZEN = (".A_log", ".dt_bias", ".in_proj_a.weight")
+RESIDUAL_WRITERS = (".o_proj.weight", ".out_proj.weight", ".down_proj.weight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,19 +67,13 @@ def tokenizer():
     """The embedded checkpoint's own tokenizer (the one its snapshot ships)."""
     from tokenizers import Tokenizer
 
-    from scripts.checkpoint import tiny_checkpoint
-
     return Tokenizer.from_str(tiny_checkpoint.tokenizer_files()["tokenizer.json"].decode())
 
 
 def token_stream(texts: list[str]) -> torch.Tensor:
-    """The files' tokens, one stream, the separator token between files."""
+    """The files' tokens, one stream, the separator token between files (corpus.token_stream)."""
     tok = tokenizer()
-    sep = tok.token_to_id(SEPARATOR)
-    ids: list[int] = []
-    for t in texts:
-        ids.extend(tok.encode(t).ids)
-        ids.append(sep)
+    ids = corpus.token_stream(lambda t: tok.encode(t).ids, tok.token_to_id(corpus.SEPARATOR), texts)
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -83,14 +81,12 @@ def drawn_model():
     """The drawn checkpoint's text stack and lm_head, in float32, as one CausalLM-shaped pair."""
     from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
 
-    from scripts.checkpoint import tiny_checkpoint
-
     cfg = Qwen3_5TextConfig(**tiny_checkpoint.TEXT_CONFIG)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     stack = Qwen3_5TextModel(cfg).float()
     head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-    drawn = tiny_checkpoint.tensors()
+    drawn = tiny_checkpoint.drawn_tensors()
     prefix = "model.language_model."
     stack.load_state_dict({k[len(prefix) :]: v.float() for k, v in drawn.items() if k.startswith(prefix)}, strict=True)
     head.weight.data.copy_(drawn["lm_head.weight"].float())
@@ -101,6 +97,27 @@ def trained_keys(stack, head) -> dict[str, torch.nn.Parameter]:
     """checkpoint key -> parameter, for everything the training updates."""
     out = {f"model.language_model.{k}": p for k, p in stack.named_parameters() if not k.endswith(FROZEN)}
     out["lm_head.weight"] = head.weight
+    return out
+
+
+def held_entries(stack) -> dict[str, torch.Tensor]:
+    """checkpoint key -> a 0/1 mask of the entries training leaves as drawn (0: held), for the tensors that
+    carry the massive activations: embed_tokens at the massive tokens' channels, and every residual
+    writer's rows of those channels."""
+    cfg = stack.config
+    channels = torch.tensor(tiny_checkpoint.massive_channels(cfg.hidden_size))
+    rows = torch.tensor(tiny_checkpoint.massive_tokens(cfg.vocab_size))
+    out = {}
+    for k, p in stack.named_parameters():
+        if k == "embed_tokens.weight":
+            mask = torch.ones_like(p)
+            mask[rows[:, None], channels[None, :]] = 0.0
+        elif k.endswith(RESIDUAL_WRITERS):
+            mask = torch.ones_like(p)
+            mask[channels] = 0.0
+        else:
+            continue
+        out[f"model.language_model.{k}"] = mask
     return out
 
 
@@ -138,6 +155,7 @@ def train(steps: int = STEPS, progress: bool = True) -> tuple[dict[str, torch.Te
     stream = token_stream(corpus.text(c, "train"))
     stack, head = drawn_model()
     params = trained_keys(stack, head)
+    held = held_entries(stack)
     opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=BETAS, weight_decay=0.0)
     gen = torch.Generator().manual_seed(SEED)
     losses, start = [], time.monotonic()
@@ -151,6 +169,8 @@ def train(steps: int = STEPS, progress: bool = True) -> tuple[dict[str, torch.Te
         if not torch.isfinite(loss):
             raise ClefError(f"training diverged at step {step}: loss {float(loss)}")
         loss.backward()
+        for k, mask in held.items():  # a zero gradient: AdamW (no weight decay) leaves the entry as drawn
+            params[k].grad.mul_(mask)
         torch.nn.utils.clip_grad_norm_(list(params.values()), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -22,12 +22,15 @@ import gc
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.checks import gpu_check, model_check, tflite_check
+from scripts.checks import decision_check, gpu_check, record_text, tflite_check
+from scripts.checks.decision_check import DecisionRecord
 from scripts.checks.finish import CheckResult
+from scripts.layers import weight_precision
+from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import layout
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import pair_graph, patch
-from scripts.qwen35.host import Host
+from scripts.qwen35.host import Host, PairRunner
 
 
 @dataclass(frozen=True)
@@ -79,23 +82,36 @@ def require_first_block_reaches_all(graph, path: Path) -> None:
         )
 
 
-def rows(of: GraphShape, snap, form: str, weights: str, layers: int | None, runs: dict) -> list[dict]:
-    """Every row of every mode in `runs` (gpu_check.ModeRun), against references computed first, in torch,
+def rows(
+    of: GraphShape, snap, form: str, weights: str, layers: int | None, runs: dict, source: str, decision_section: dict
+) -> tuple[list[dict], DecisionRecord | None]:
+    """Every row of every mode in `runs` (gpu_check.ModeRun) on records of model.source `source`'s tokens
+    (scripts/checks/record_text.py), against references computed first, in torch,
     with the stack loaded (with `layers`, the first block only: its residual stream where the graph's
     hidden would be); the stack is freed before any mode runs."""
-    model, _, _ = patch.load(snap, form, progress=False, block=layers is not None, weights=weights)
+    model, _, _ = patch.load(snap, form, progress=False, block=layers is not None)
     host = Host(snap)
+    text = record_text.for_source(source, host)
+    scoring = truth = None
+    if layers is None and text.kind == record_text.HELD_OUT_TEXT:  # the unquantized truth first
+        window, tokens = (
+            (of.length, decision_section["scored_tokens"])
+            if of.is_row
+            else (of.prefix + of.suffix, decision_section["pair_scored_tokens"])
+        )
+        scoring = decision_check.scoring_set(text, window, tokens)
+        truth = decision_check.truth(gpu_check.StockReferences(model), host, scoring)
+    weight_precision.apply(model, weights)
     stock = gpu_check.StockReferences(model)
-    vocab = model.config.vocab_size
     with gpu_check.residual_stream(model, stock.twin) if layers else contextlib.nullcontext():
         if of.is_row:
-            records = tflite_check.row_records(host, of.length, vocab, gpu_check.ROW_RECORDS)
+            records = tflite_check.row_records(host, of.length, text, gpu_check.ROW_RECORDS)
             refs = gpu_check.row_references(model, host, stock, records)
         else:
             P, S = of.prefix, of.suffix
             shapes = pair_graph.state_shapes(model, P)
             prefixes = gpu_check.chaining_prefixes(P)
-            tokens = {p: model_check.random_ids(p + S, vocab, 1000 * P + S + p) for p in prefixes}
+            tokens = {p: text.ids(p + S, 1000 * P + S + p) for p in prefixes}
             first = prefixes[-1]  # the signature check's prefix, also chained
             signature_refs = gpu_check.signature_references(
                 pair_graph.PairPrefix(model, P).eval(),
@@ -110,14 +126,24 @@ def rows(of: GraphShape, snap, form: str, weights: str, layers: int | None, runs
     del model, stock
     gc.collect()
 
-    found = []
+    found, places = [], {}
     for mode, run in runs.items():  # one mode at a time, one section at a time
         one = {mode: run}
         if of.is_row:
             found += gpu_check.row_rows(one, refs, records)
+            if scoring is not None:
+                outs = decision_check.one(run(DEFAULT_SIGNATURE, scoring.records(host)))
+                places[f"gpu_{mode}"] = decision_check.figures(host, scoring, truth, outs)
         else:
             found += gpu_check.pair_rows(one, host, signature_refs, chaining_refs, P, S, form, shapes)
-    return found
+            if scoring is not None:
+                pair = PairRunner(host, None, None, P, S, form, shapes)
+                outs = decision_check.batched_pair_hidden(run, pair, scoring)
+                places[f"gpu_{mode}"] = decision_check.figures(host, scoring, truth, outs)
+    if scoring is None:
+        return found, None
+    places[decision_check.FLOOR] = decision_check.floor(host, scoring, truth)
+    return found, decision_check.record(scoring, places, decision_section, weights)
 
 
 @dataclass(frozen=True)
@@ -134,6 +160,7 @@ class GpuFindings:
     graph: object  # the sections.SectionedGraph it ran: its plans and section limit
     runs: dict  # {mode: gpu_check.ModeRun}
     rows: list[dict]
+    decision: DecisionRecord | None = None  # graphs run whole (verify_gpu.layers: all) on held-out text only
 
 
 def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
@@ -146,6 +173,9 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
     accelerated = all(run.fully_accelerated for run in runs.values())
     if not accelerated:
         problems.insert(0, "is_fully_accelerated() is false")
+    made = found.decision
+    if made is not None:
+        problems += decision_check.problems(made)
     device = runs["fp32"].device
     doc = {
         "graph": str(path),
@@ -169,6 +199,7 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
         "threshold_fp32": limit,
         "threshold_per_position_fp32": bounds.max_rel_per_position_fp32,
         **figures,
+        "decision": made.to_json() if made is not None else None,
         "rows": found.rows,
     }
     metrics_row = dict(
@@ -181,6 +212,9 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
         mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
         fully_accelerated=accelerated,
         layers_checked=found.layers_checked,
+        kld_mean=made.places["gpu_mixed"].kld_mean if made else None,
+        same_top=made.places["gpu_mixed"].same_top if made else None,
+        ln_ppl_ratio=made.places["gpu_mixed"].ln_ppl_ratio if made else None,
         **of.shape,
     )
     modes = figures["modes"]
@@ -196,6 +230,12 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
             for m in gpu_check.HALF_MODES
         )
         + f" (target {over_floor:g}x; held to it: {', '.join(bounds.held_to_floor) or 'none'})"
+        + (
+            f"; decision on {made.scored_tokens} held-out tokens: "
+            + ", ".join(f"{place} {decision_check.shown(f)}" for place, f in made.places.items())
+            if made is not None
+            else ""
+        )
     )
     where = layout.gpu_result_path(of.name)
     return CheckResult(f"verify_gpu {path.name}", of.name, doc, where, metrics_row, [line], problems)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from scripts.pipeline.records import Record
 from scripts.qwen35 import model_change, patch
 from scripts.qwen35.host import Host
 from scripts.qwen35.row_graph import ClefRowPrefill
+
+if TYPE_CHECKING:
+    from scripts.checks.record_text import RecordTokens
 
 EXACT = "loop"  # the stock algorithm; in float64 it is the exact reference
 
@@ -101,12 +105,9 @@ def layer_rows(model, form: str, length: int = 200, n_real: int = 173, scales=(1
     return rows
 
 
-def random_ids(n: int, vocab: int, seed: int) -> list[int]:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[dict]:
-    """Row graph vs the stock twin, and causality, at every L. `model`: patched, form applied."""
+def model_rows(model, host: Host, lengths, text: RecordTokens, seed: int = 0) -> list[dict]:
+    """Row graph vs the stock twin, and causality, at every L, on records of `text`. `model`: patched,
+    form applied."""
     form = gated_delta.gated_deltanets(model)[0].chunk_gated_delta_rule.form
     twin = patch.stock_twin(model)
     gdn_layers = len(gated_delta.gated_deltanets(model))
@@ -114,7 +115,7 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
     for length in lengths:
         graph = ClefRowPrefill(model, length).eval()
         for kind, n in records.row_tokens(length).items():
-            inputs = host.record(random_ids(n, vocab, seed + length + n), length)
+            inputs = host.record(text.ids(n, seed + length + n), length)
             host.check(inputs, length)
             real = inputs["embeds"][:, :n]
             with torch.no_grad(), model_change.changed(graph, count_interleave=True) as done:
@@ -144,7 +145,7 @@ def model_rows(model, host: Host, lengths, vocab: int, seed: int = 0) -> list[di
                     "interleave_calls_expected": 2 * gdn_layers,
                 }
             )
-        rows.append(causality(model, host, length, vocab, seed).to_json())  # judged with the others, as a mapping
+        rows.append(causality(model, host, length, text, seed).to_json())  # judged with the others, as a mapping
     return rows
 
 
@@ -163,7 +164,7 @@ class CausalityRow(Record):
     finite: bool
 
 
-def causality(model, host: Host, length: int, vocab: int, seed: int) -> CausalityRow:
+def causality(model, host: Host, length: int, text: RecordTokens, seed: int) -> CausalityRow:
     """One record of n tokens: zero pads to L, garbage pads to L, and no pads (a graph of L = n).
 
     Garbage vs zero pads at the same L must agree exactly in fp32 (same shapes, same arithmetic: an
@@ -172,7 +173,7 @@ def causality(model, host: Host, length: int, vocab: int, seed: int) -> Causalit
     changes nothing before it. In a causal model this holds with or without the pad guard: it shows
     causality, and cannot see the guard."""
     n = records.causality_tokens(length)
-    ids = random_ids(n, vocab, seed + 7 * length)
+    ids = text.ids(n, seed + 7 * length)
     zero = host.record(ids, length)
     garbage = {k: v.clone() for k, v in zero.items()}
     gen = torch.Generator().manual_seed(seed + length)

@@ -23,6 +23,8 @@ Errors: scripts/checks/compare.py, global and per position.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from scripts.checks import compare, controls, model_check, records
@@ -32,10 +34,13 @@ from scripts.qwen35.host import PairRunner, PairState
 from scripts.qwen35.row_graph import ClefRowPrefill
 from scripts.release import references
 
+if TYPE_CHECKING:
+    from scripts.checks.record_text import RecordTokens
 
-def chaining_tokens(P: int, S: int, vocab: int, seed: int) -> dict[int, list[int]]:
+
+def chaining_tokens(P: int, S: int, text: RecordTokens, seed: int) -> dict[int, list[int]]:
     """{p: p + S token ids} per chaining prefix length p: a suffix of s tokens reads the first p + s."""
-    return {p: model_check.random_ids(p + S, vocab, seed + 100 * p) for p in records.chaining_lengths(P, S)[0]}
+    return {p: text.ids(p + S, seed + 100 * p) for p in records.chaining_lengths(P, S)[0]}
 
 
 class PrefixRuns:
@@ -52,12 +57,12 @@ class PrefixRuns:
 
 
 def shared_prefix(
-    runner: PairRunner, vocab: int, seed: int, prefixes: PrefixRuns | None
+    runner: PairRunner, text: RecordTokens, seed: int, prefixes: PrefixRuns | None
 ) -> tuple[list[int], PairState]:
     """The tokens chaining runs at p = records.shared_length(P) (p + S of them), and the state after their
     first p, from `prefixes` when a check() shares its runs, else run here."""
     p = records.shared_length(runner.P)
-    tokens = chaining_tokens(runner.P, runner.S, vocab, seed)[p]
+    tokens = chaining_tokens(runner.P, runner.S, text, seed)[p]
     _, state = (prefixes or PrefixRuns(runner))(tokens[:p])
     return tokens, state
 
@@ -65,7 +70,7 @@ def shared_prefix(
 def chaining(
     runner: PairRunner,
     refs: References,
-    vocab: int,
+    text: RecordTokens,
     seed: int,
     pad_guard_control: bool = False,
     prefixes: PrefixRuns | None = None,
@@ -77,7 +82,7 @@ def chaining(
     prefixes = prefixes or PrefixRuns(runner)
     rows = []
     _, suffixes = records.chaining_lengths(P, S)
-    for p, tokens in chaining_tokens(P, S, vocab, seed).items():
+    for p, tokens in chaining_tokens(P, S, text, seed).items():
         prefix_hidden, state = prefixes(tokens[:p])  # one prefix run serves every s
         ref = refs.row(tokens)  # one row run serves every s (causality: see the module docstring)
         controlled = p == records.shared_length(P)
@@ -117,15 +122,15 @@ def chaining(
 
 
 def reuse(
-    runner: PairRunner, refs: References, vocab: int, seed: int, prefixes: PrefixRuns | None = None
+    runner: PairRunner, refs: References, text: RecordTokens, seed: int, prefixes: PrefixRuns | None = None
 ) -> list[dict]:
     P, S = runner.P, runner.S
     p = records.shared_length(P)
-    tokens, state = shared_prefix(runner, vocab, seed, prefixes)
+    tokens, state = shared_prefix(runner, text, seed, prefixes)
     shared = tokens[:p]
     rows = []
     for k in range(3):
-        question = tokens[p:] if k == 0 else model_check.random_ids(S, vocab, seed + k)
+        question = tokens[p:] if k == 0 else text.ids(S, seed + k)
         hidden = runner.suffix(state, question)
         ref = refs.row(shared + question)[:, p : p + S]
         rows.append(
@@ -201,11 +206,11 @@ def cache_entries(model, cache) -> Tensors:
 
 
 def state_vs_transformers(
-    runner: PairRunner, refs: References, vocab: int, seed: int, prefixes: PrefixRuns | None = None
+    runner: PairRunner, refs: References, text: RecordTokens, seed: int, prefixes: PrefixRuns | None = None
 ) -> list[dict]:
     """The prefix state after p = P/2 tokens vs the stock caches after the same tokens: a row per entry."""
     p = records.shared_length(runner.P)
-    tokens, state = shared_prefix(runner, vocab, seed, prefixes)
+    tokens, state = shared_prefix(runner, text, seed, prefixes)
     ids = tokens[:p]
     exact, fp32 = refs.stock_state(ids)
     scale = 2.0**runner.vs
@@ -238,19 +243,19 @@ def state_vs_transformers(
 
 
 def check(
-    runner: PairRunner, refs: References, vocab: int, seed: int = 0, pad_guard_control: bool = False
+    runner: PairRunner, refs: References, text: RecordTokens, seed: int = 0, pad_guard_control: bool = False
 ) -> list[dict]:
     prefixes = PrefixRuns(runner)  # the P/2 prefix is run once for all three
     return (
-        chaining(runner, refs, vocab, seed, pad_guard_control, prefixes)
-        + reuse(runner, refs, vocab, seed, prefixes)
-        + state_vs_transformers(runner, refs, vocab, seed, prefixes)
+        chaining(runner, refs, text, seed, pad_guard_control, prefixes)
+        + reuse(runner, refs, text, seed, prefixes)
+        + state_vs_transformers(runner, refs, text, seed, prefixes)
     )
 
 
-def reference_record(refs: References, host, vocab: int, seed: int = 0) -> Tensors:
+def reference_record(refs: References, host, text: RecordTokens, seed: int = 0) -> Tensors:
     """The pair's reference record for the release (scripts/release/references.py): check()'s shared
     half-full prefix, then its full suffix, against the row it was checked against."""
     p = records.shared_length(refs.P)
-    tokens = chaining_tokens(refs.P, refs.S, vocab, seed)[p]
+    tokens = chaining_tokens(refs.P, refs.S, text, seed)[p]
     return references.pair_reference(host, tokens, p, refs.P, refs.S, refs.row(tokens))

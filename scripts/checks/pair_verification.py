@@ -16,8 +16,10 @@ from pathlib import Path
 import torch
 
 from scripts.checkpoint.snapshot import SnapshotRecord
-from scripts.checks import compare, pair_check, tflite_check
+from scripts.checks import compare, decision_check, gpu_check, pair_check, record_text, tflite_check
+from scripts.checks.decision_check import DecisionRecord
 from scripts.checks.finish import CheckResult, GraphFindings
+from scripts.layers import weight_precision
 from scripts.litert import tflite_file
 from scripts.pipeline import layout
 from scripts.pipeline.progress import Phases
@@ -61,20 +63,38 @@ class PairFindings(GraphFindings):
 
     P: int
     S: int
+    decision: DecisionRecord | None = None  # None: model.source synthetic (decision_check.NO_DECISIONS)
 
 
-PHASES = ("load the stack", "torch checks", "interpreter", "LiteRT checks", "reference record")
+PHASES = (
+    "load the stack",
+    "decision truth",
+    "torch checks",
+    "interpreter",
+    "LiteRT checks",
+    "decision windows",
+    "reference record",
+)
 
 
-def verify(path: Path, rec: SnapshotRecord, snap, form: str, weights: str, P: int, S: int) -> PairFindings:
+def verify(
+    path: Path, rec: SnapshotRecord, snap, form: str, weights: str, P: int, S: int, decision_section: dict
+) -> PairFindings:
     """The pair at `path` checked in torch, then in the LiteRT interpreter, and its reference record saved
     (results/references/) and read back through it. Torch first: its checks fill the References (the row
     graph's and transformers' results, kept); then the stack is freed and the interpreter's checks read
     them, so the weights are never in memory twice."""
     with Phases(f"verify_pair P={P} S={S}", PHASES) as phase:
         phase("load the stack")
-        model, _, _ = patch.load(snap, form, weights=weights)
+        model, _, _ = patch.load(snap, form)
         host = Host(snap)
+        text = record_text.for_source(rec.source, host)
+        scoring = truth = None
+        if text.kind == record_text.HELD_OUT_TEXT:  # the truth with the checkpoint's own weights, then stored
+            phase("decision truth")
+            scoring = decision_check.scoring_set(text, P + S, decision_section["pair_scored_tokens"])
+            truth = decision_check.truth(gpu_check.StockReferences(model), host, scoring)
+        weight_precision.apply(model, weights)
         census = tflite_file.census(path)
         meta = tflite_file.read_metadata(path)
         problems = [f"census: {v}" for v in tflite_file.violations(census)]
@@ -85,13 +105,12 @@ def verify(path: Path, rec: SnapshotRecord, snap, form: str, weights: str, P: in
 
         phase("torch checks")
         shapes = pair_graph.state_shapes(model, P)
-        vocab = model.config.vocab_size
         refs = pair_check.References(model, host, P, S)
         prefix, suffix = pair_graph.PairPrefix(model, P).eval(), pair_graph.PairSuffix(model, P, S).eval()
         runner = PairRunner(host, torch_fn(prefix), torch_fn(suffix), P, S, form, shapes)
-        rows = [{"backend": "torch", **r} for r in pair_check.check(runner, refs, vocab, pad_guard_control=True)]
+        rows = [{"backend": "torch", **r} for r in pair_check.check(runner, refs, text, pad_guard_control=True)]
         # the release packages it; `clef verify` reruns it wherever it lands
-        references.save(pair_check.reference_record(refs, host, vocab), layout.reference_path(path))
+        references.save(pair_check.reference_record(refs, host, text), layout.reference_path(path))
         del runner, model, prefix, suffix
         refs.free()
         gc.collect()
@@ -101,11 +120,19 @@ def verify(path: Path, rec: SnapshotRecord, snap, form: str, weights: str, P: in
         signatures = (litert_signature(interp.get_signature_runner(name)) for name in ("prefix", "suffix"))
         runner = PairRunner(host, *signatures, P, S, form, shapes)
         phase("LiteRT checks")
-        rows += [{"backend": "litert", **r} for r in pair_check.check(runner, refs, vocab)]
+        rows += [{"backend": "litert", **r} for r in pair_check.check(runner, refs, text)]
+        made = None
+        if scoring is not None:
+            phase("decision windows")
+            places = {
+                "cpu": decision_check.figures(host, scoring, truth, decision_check.pair_hidden(runner, scoring)),
+                decision_check.FLOOR: decision_check.floor(host, scoring, truth),
+            }
+            made = decision_check.record(scoring, places, decision_section, weights)
         # the saved record read back through this graph: the figures the release states for it
         phase("reference record")
         reference = references.measure(path, "pair", interp)
-    return PairFindings(path, form, weights, census, meta, problems, rows, reference, P=P, S=S)
+    return PairFindings(path, form, weights, census, meta, problems, rows, reference, P=P, S=S, decision=made)
 
 
 @dataclass(frozen=True)
@@ -145,6 +172,8 @@ def summary(found: PairFindings, limits: dict[str, float], min_over: float) -> t
     guard control runs in torch only)."""
     rows, limit = found.rows, limits["rel_vs_row"]
     problems = found.problems + compare.judge(rows, limits)
+    if found.decision is not None:
+        problems += decision_check.problems(found.decision)
     controls = {}
     for control, key in CONTROLS.items():
         for b in BACKENDS:
@@ -190,6 +219,9 @@ def result(found: PairFindings, limits: dict[str, float], min_over: float) -> Ch
         op_total=census["op_total"],
         max_rank=census["max_rank"],
         ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None),
+        kld_mean=found.decision.places["cpu"].kld_mean if found.decision else None,
+        same_top=found.decision.places["cpu"].same_top if found.decision else None,
+        ln_ppl_ratio=found.decision.places["cpu"].ln_ppl_ratio if found.decision else None,
     )
     shown = {
         k: {b: f"{v:.2e}" for b, v in getattr(doc, k).to_json().items()}
@@ -199,13 +231,25 @@ def result(found: PairFindings, limits: dict[str, float], min_over: float) -> Ch
         f"verify_pair P={P} S={S}: chaining max rel {shown['max_rel_vs_row']}, per position "
         f"{shown['max_rel_per_position_vs_row']}, state vs transformers float64 {shown['max_rel_state_vs_stock_f64']}; "
         f"controls {', '.join(f'{k} {v:.3g}' for k, v in controls.items())}; {census['op_total']} ops, "
-        f"max rank {census['max_rank']}"
+        f"max rank {census['max_rank']}; "
+        + (
+            f"decision on {found.decision.scored_tokens} held-out tokens: CPU "
+            f"{decision_check.shown(found.decision.places['cpu'])}, torch float16 "
+            f"{decision_check.shown(found.decision.places[decision_check.FLOOR])}"
+            if found.decision is not None
+            else f"no decision figures ({decision_check.NO_DECISIONS})"
+        )
     )
     record = {
         "summary": doc.to_json(),
         "census": census,
         "metadata": found.metadata,
         "reference_record": found.reference.to_json(),
+        **(
+            {"decision": found.decision.to_json()}
+            if found.decision is not None
+            else {"no_decision": decision_check.NO_DECISIONS}
+        ),
         "rows": found.rows,
     }
     name, stage = layout.pair_name(P, S), f"verify_pair P={P} S={S}"

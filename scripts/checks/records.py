@@ -48,6 +48,40 @@ def shared_length(P: int) -> int:
     return P // 2
 
 
+def scoring_windows(length: int, scored_tokens: int) -> int:
+    """How many windows of L tokens the decision figures of a row graph score (scripts/checks/decision_check.py):
+    enough for `scored_tokens`."""
+    return -(-scored_tokens // length)
+
+
+def scoring_span(length: int, scored_tokens: int) -> int:
+    """The held-out tokens those windows read: consecutive windows, and the token after the last."""
+    return scoring_windows(length, scored_tokens) * length + 1
+
+
+def text_unfit(lengths: list[int], pairs: list[dict], scored: tuple[int, int], held_out_bytes: int) -> str | None:
+    """Why a held-out text of `held_out_bytes` bytes cannot hold the tokens the records need, or None. A token
+    spans at least one byte, so the bytes bound the tokens from above: what passes here can still be refused
+    (with the tokens counted) where the records are built, what fails here can never fit. `scored`: params.yaml
+    decision.scored_tokens (rows) and decision.pair_scored_tokens (pairs)."""
+    scored_tokens, pair_tokens = scored
+    needs = [(f"the decision windows of L={n}", scoring_span(n, scored_tokens)) for n in lengths]
+    needs += [
+        (
+            f"the decision windows of the pair P={q['prefix']} S={q['suffix']}",
+            scoring_span(q["prefix"] + q["suffix"], pair_tokens),
+        )
+        for q in pairs
+    ]
+    what, need = max(needs, key=lambda x: x[1])
+    if need > held_out_bytes:
+        return (
+            f"the held-out text holds {held_out_bytes:,} bytes, so at most as many tokens, and {what} "
+            f"need {need:,} (decision.scored_tokens {scored_tokens:,}, pair_scored_tokens {pair_tokens:,})"
+        )
+    return None
+
+
 def row_unfit(length: int) -> str | None:
     """Why the checks cannot build their records for a row graph of `length`, or None."""
     need = [(f"the {k} record", n, length) for k, n in row_tokens(length).items()]

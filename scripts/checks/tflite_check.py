@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -13,6 +14,9 @@ from scripts.checks import records
 from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.measure import timed_runs
 from scripts.pipeline.records import Record, optional
+
+if TYPE_CHECKING:
+    from scripts.checks.record_text import RecordTokens
 
 
 def interpreter(path, threads: int | None = None):
@@ -31,16 +35,14 @@ RowRecords = dict[str, tuple[int, Tensors]]
 """A row graph's host-built records by kind: {kind: (real tokens, named graph inputs)} (row_records)."""
 
 
-def row_records(host, length: int, vocab: int, kinds=RECORD_KINDS) -> RowRecords:
-    """The host-built records a row graph is checked on: {kind: (real tokens, inputs)}: all L tokens,
-    a right-padded record, and a single token (the most padding); `kinds` of them."""
-    from scripts.checks.model_check import random_ids
-
+def row_records(host, length: int, text: RecordTokens, kinds=RECORD_KINDS) -> RowRecords:
+    """The host-built records a row graph is checked on, of `text`: {kind: (real tokens, inputs)}: all L
+    tokens, a right-padded record, and a single token (the most padding); `kinds` of them."""
     out = {}
     real = records.row_tokens(length)
     for kind in kinds:
         n = getattr(real, kind)
-        inputs = host.record(random_ids(n, vocab, 11 * length + n), length)
+        inputs = host.record(text.ids(n, 11 * length + n), length)
         host.check(inputs, length)
         out[kind] = (n, inputs)
     return out

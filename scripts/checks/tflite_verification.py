@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.checkpoint.snapshot import SnapshotRecord
-from scripts.checks import compare, model_check, quantization_effect, tflite_check
+from scripts.checks import compare, decision_check, gpu_check, quantization_effect, record_text, tflite_check
+from scripts.checks.decision_check import DecisionRecord
 from scripts.checks.finish import CheckResult, GraphFindings
 from scripts.checks.quantization_effect import QuantizationEffect, QuantizationRow
 from scripts.layers import weight_precision
 from scripts.litert import tflite_file
 from scripts.pipeline import layout
 from scripts.pipeline.progress import Phases
-from scripts.pipeline.records import Record
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
@@ -44,6 +45,7 @@ class TfliteFindings(GraphFindings):
     applied: weight_precision.Applied
     effect: list[QuantizationRow]
     timing: tflite_check.Latency
+    decision: DecisionRecord | None = None  # None: model.source synthetic (decision_check.NO_DECISIONS)
 
 
 PHASES = (
@@ -52,13 +54,22 @@ PHASES = (
     "torch timing",
     "interpreter",
     "LiteRT records",
+    "decision windows",
     "reference record",
     "LiteRT timing",
 )
 
 
 def verify(
-    path: Path, rec: SnapshotRecord, snap, form: str, weights: str, length: int, repeats: int, budget: float
+    path: Path,
+    rec: SnapshotRecord,
+    snap,
+    form: str,
+    weights: str,
+    length: int,
+    repeats: int,
+    budget: float,
+    decision_section: dict,
 ) -> TfliteFindings:
     """The row graph at `path` in the LiteRT interpreter against the torch row graph, its reference record
     saved (results/references/) and read back through it, and both timed (`repeats` runs at most, within
@@ -82,10 +93,14 @@ def verify(
         phase("load the stack")
         model, _, _ = patch.load(snap, form)
         host = Host(snap)
-        vocab = model.config.vocab_size
-        records = tflite_check.row_records(host, length, vocab)
+        text = record_text.for_source(rec.source, host)
+        records = tflite_check.row_records(host, length, text)
         phase("torch references")
         truths = quantization_effect.truths(model, records)
+        scoring = truth = None
+        if text.kind == record_text.HELD_OUT_TEXT:  # the decision truth and floor, unquantized weights too
+            scoring = decision_check.scoring_set(text, length, decision_section["scored_tokens"])
+            truth = decision_check.truth(gpu_check.StockReferences(model), host, scoring)
         applied = weight_precision.apply(model, weights)
         graph = row_graph.ClefRowPrefill(model, length).eval()
         expected = {kind: tflite_check.torch_reference(graph, inputs, n, form) for kind, (n, inputs) in records.items()}
@@ -96,7 +111,7 @@ def verify(
             layout.reference_path(path),
         )
         phase("torch timing")
-        timed = host.record(model_check.random_ids(length, vocab, length), length)
+        timed = host.record(text.ids(length, length), length)
         torch_runs = tflite_check.torch_times(graph, timed, repeats, budget)
         del graph, model
         gc.collect()
@@ -114,6 +129,15 @@ def verify(
             quantization_effect.row(kind, n, outputs[kind][0, :n], truths[kind], host)
             for kind, (n, _) in records.items()
         ]
+        made = None
+        if scoring is not None:
+            phase("decision windows")
+            cpu = [tflite_check.run(runner, r)[0] for r in scoring.records(host)]
+            places = {
+                "cpu": decision_check.figures(host, scoring, truth, cpu),
+                decision_check.FLOOR: decision_check.floor(host, scoring, truth),
+            }
+            made = decision_check.record(scoring, places, decision_section, weights)
         # the saved record read back through this graph: the figures the release states for it
         phase("reference record")
         reference = references.measure(path, "row", interp)
@@ -134,6 +158,7 @@ def verify(
         applied=applied,
         effect=effect,
         timing=timing,
+        decision=made,
     )
 
 
@@ -159,6 +184,8 @@ class TfliteRecord(Record):
     metadata: dict
     reference_record: ReferenceFigures
     latency: tflite_check.Latency
+    decision: DecisionRecord | None = optional()
+    no_decision: str | None = optional()
 
 
 def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> TfliteRecord:
@@ -167,6 +194,8 @@ def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
     problems = found.problems + [f"accuracy: {line}" for line in compare.judge(rows, limits)]
     control = compare.worst(rows, "control_memory_cut_rel_vs_torch")
     problems += compare.control_problems("memory_cut", control, limit, min_over)
+    if found.decision is not None:
+        problems += decision_check.problems(found.decision)
     return TfliteRecord(
         found.length,
         found.form,
@@ -191,6 +220,8 @@ def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         found.metadata,
         found.reference,
         found.timing,
+        decision=found.decision,
+        no_decision=decision_check.NO_DECISIONS if found.decision is None else None,
     )
 
 
@@ -212,6 +243,9 @@ def result(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None,
         torch_over_litert=timing.torch_over_litert,
         litert_ms=1e3 * timing.litert_median_s,
+        kld_mean=doc.decision.places["cpu"].kld_mean if doc.decision else None,
+        same_top=doc.decision.places["cpu"].same_top if doc.decision else None,
+        ln_ppl_ratio=doc.decision.places["cpu"].ln_ppl_ratio if doc.decision else None,
     )
     line = (
         f"verify_tflite L={length}: max rel vs torch {doc.max_rel_vs_torch:.2e}, per position "
@@ -219,7 +253,14 @@ def result(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         f"memory-cut control {compare.shown(doc.control_memory_cut['rel_vs_torch'])}; "
         f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
         f"torch/litert time {timing.torch_over_litert:.2f}x; weights {found.weights}: top-1 agreement with "
-        f"the unquantized model {doc.quantization_effect.min_top1_agreement:.3f}"
+        f"the unquantized model {doc.quantization_effect.min_top1_agreement:.3f}; "
+        + (
+            f"decision on {doc.decision.scored_tokens} held-out tokens: CPU "
+            f"{decision_check.shown(doc.decision.places['cpu'])}, torch float16 "
+            f"{decision_check.shown(doc.decision.places[decision_check.FLOOR])}"
+            if doc.decision is not None
+            else f"no decision figures ({doc.no_decision})"
+        )
     )
     name = f"tflite_L{length}"
     path = layout.result_path(name)

@@ -33,6 +33,10 @@ KEYS = (
     "verify_gpu.max_rel_per_position_fp32",
     "verify_gpu.fp16_max_over_floor",
     "verify_gpu.held_to_floor",
+    "decision.max_kld_mean",
+    "decision.min_same_top",
+    "decision.enforced",
+    "decision.held_at_weights",
 )
 
 
@@ -186,6 +190,31 @@ def problems(params: dict, root: str | Path = ".") -> list[str]:
                         "verify_gpu.fp16_max_over_floor",
                         target,
                         f"the {mode} mode's {what} {measured:.3g} ({layout.producer_of(path)})",
+                        path,
+                    )
+    section = params["decision"]
+    for pattern in ("results/tflite_L*.json", "results/pair_P*_S*.json", f"{layout.GPU}/*.json"):
+        for path, rec in records(pattern):
+            made = rec.get("decision") or {}
+            if made.get("weights") not in section["held_at_weights"]:
+                continue  # what the storage does to the decisions is recorded, not held
+            for place in section["enforced"]:
+                f = made.get("places", {}).get(place)
+                if f is None:
+                    continue
+                where = f"({layout.producer_of(path)})"
+                if exceeds(f["kld_mean"], section["max_kld_mean"][place]):
+                    refuse(
+                        f"decision.max_kld_mean.{place}",
+                        section["max_kld_mean"][place],
+                        f"the {place} mean KLD {f['kld_mean']:.3g} {where}",
+                        path,
+                    )
+                if not f["same_top"] >= section["min_same_top"][place]:
+                    refuse(
+                        f"decision.min_same_top.{place}",
+                        section["min_same_top"][place],
+                        f"the {place} same-top share {f['same_top']:.4g} {where}",
                         path,
                     )
     for path, rec in records(f"{layout.RUNTIME}/*.json"):

@@ -38,6 +38,9 @@ RELEASE_LAYOUTS = ("bundle", "files")  # one .tflite with every signature, or a 
 # How a graph stores its Linear weights (scripts/layers/weight_precision.py): float32, float16, or int8
 # per output channel; the compute stays float32 on the CPU.
 WEIGHT_PRECISIONS = ("fp32", "fp16", "int8")
+# Where a graph's decision figures are measured (scripts/checks/decision_check.py): the LiteRT CPU
+# interpreter at the release's weights, and each mode of the GPU accelerator.
+DECISION_PLACES = ("cpu", "gpu_fp32", "gpu_fp16", "gpu_mixed")
 REVISION = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -71,6 +74,13 @@ def factor(value, name: str) -> float:
 def non_negative_number(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ClefError(f"params.yaml: {name} {value!r} is not a number >= 0")
+    return float(value)
+
+
+def fraction(value, name: str) -> float:
+    """A share: a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ClefError(f"params.yaml: {name} {value!r} is not a fraction in (0, 1]")
     return float(value)
 
 
@@ -287,6 +297,16 @@ SCHEMA = {
         }
     ),
     "weights": one_of(*WEIGHT_PRECISIONS),
+    "decision": mapping(
+        {
+            "scored_tokens": count,
+            "pair_scored_tokens": count,
+            "max_kld_mean": mapping({place: THRESHOLD for place in DECISION_PLACES}),
+            "min_same_top": mapping({place: fraction for place in DECISION_PLACES}),
+            "enforced": subset_of(*DECISION_PLACES),
+            "held_at_weights": subset_of(*WEIGHT_PRECISIONS),
+        }
+    ),
     "bundle": mapping({"bytes_goal_over_graph": factor, "memory_goal_over_graph": factor}),
     "release": mapping(
         {

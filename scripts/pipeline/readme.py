@@ -59,7 +59,15 @@ def read_metrics(root: Path) -> MetricsRows:
         record = root / layout.gpu_result_path(name)
         if name.startswith("gpu_") and record.is_file():
             found = json.loads(record.read_text())
-            rows[name] = {**row, "modes": found.get("modes") or {}, "layers": found.get("layers")}
+            rows[name] = {
+                **row,
+                "modes": found.get("modes") or {},
+                "layers": found.get("layers"),
+                "decision": found.get("decision"),
+            }
+        record = root / layout.result_path(name)
+        if name.startswith(("tflite_L", "pair_P")) and record.is_file():  # the decision figures: the record's
+            rows[name] = {**row, "decision": json.loads(record.read_text()).get("decision")}
     bundle = root / layout.result_path("bundle")
     if "bundle" in rows and bundle.is_file():  # sizes, sharing, identity and memory: the stage's record
         rows["bundle"] = {**rows["bundle"], "record": json.loads(bundle.read_text())}
@@ -226,6 +234,159 @@ def gpu_table(rows: MetricsRows) -> str:
             "mixed / floor (per position)",
         ],
         body,
+    )
+
+
+PLACES = {  # a decision record's place -> what it is, in the table
+    "cpu": "LiteRT CPU",
+    "gpu_fp32": "GPU fp32",
+    "gpu_fp16": "GPU fp16",
+    "gpu_mixed": "GPU mixed",
+    "torch_float16": "floor: torch float16",
+}
+
+
+def with_err(value, err, fmt=e) -> str:
+    return "-" if value is None else f"{fmt(value)} ± {fmt(err)}"
+
+
+def percent(value) -> str:
+    return f"{100 * value:.2f} %"
+
+
+def decision_rows(rows: MetricsRows) -> list[tuple[str, str, dict, dict]]:
+    """(graph, place, figures, its decision record) of every graph's decision record, CPU records first,
+    each place once (the floor from the CPU record's run of the same windows)."""
+    out, seen = [], set()
+    for prefix in ("tflite_L", "pair_P", "gpu_"):
+        for n, r in by_shape(rows, prefix):
+            made = r.get("decision")
+            if not made:
+                continue
+            graph = label(n, r)
+            for place, f in made["places"].items():
+                if (graph, place) not in seen:
+                    seen.add((graph, place))
+                    out.append((graph, place, f, made))
+    order = list(PLACES)
+    return sorted(out, key=lambda t: (rows_order(t[0]), order.index(t[1]) if t[1] in order else len(order)))
+
+
+def rows_order(graph: str) -> tuple:
+    """row graphs by L, then pairs by P and S (the label's numbers)."""
+    numbers = tuple(int(n) for n in re.findall(r"\d+", graph))
+    return (not graph.startswith("row"), *numbers)
+
+
+def decisions_table(rows: MetricsRows) -> str:
+    """Per graph and place: llama.cpp's KL-divergence statistics against stock float64 (the host's lm_head
+    in float64) over held-out text, and the bound each place is held to (enforced) or recorded against."""
+    body = []
+    for graph, place, f, made in decision_rows(rows):
+        bound = (made.get("bounds") or {}).get(place)
+        held = (
+            f"{e(bound['max_kld_mean'])} / {percent(bound['min_same_top'])}"
+            + (" (enforced)" if place in made.get("enforced", []) else " (recorded)")
+            if bound
+            else "-"
+        )
+        body.append(
+            [
+                graph,
+                PLACES.get(place, place),
+                f"{f['scored_tokens']:,}",
+                with_err(f["kld_mean"], f["kld_mean_err"]),
+                e(f["kld_median"]),
+                e(f["kld_p99_9"]),
+                e(f["kld_max"]),
+                f"{percent(f['same_top'])} ± {percent(f['same_top_err'])}",
+                e(f["rms_delta_p"]),
+                with_err(f["ln_ppl_ratio"], f["ln_ppl_ratio_err"]),
+                held,
+            ]
+        )
+    if not body:
+        return "No decision figures in this run (model.source synthetic: random weights).\n"
+    return table(
+        [
+            "graph",
+            "place",
+            "tokens",
+            "mean KLD",
+            "median KLD",
+            "KLD 99.9 %",
+            "max KLD",
+            "same top",
+            "RMS Δp",
+            "ln PPL ratio",
+            "bound: KLD / same top",
+        ],
+        body,
+    )
+
+
+def decision_summary_table(rows: MetricsRows) -> str:
+    """Per place, over every graph: the worst mean KLD, the lowest same-top share, the largest ln PPL ratio,
+    the bound and whether every graph met it; then the GPU mode the figures point to (docs/decisions.md
+    has every graph)."""
+    from scripts.checks import llama_cpp
+
+    by_place: dict[str, list[tuple[dict, dict]]] = {}
+    for _, place, f, made in decision_rows(rows):
+        by_place.setdefault(place, []).append((f, made))
+    if not by_place:
+        return "No decision figures in this run (model.source synthetic: random weights).\n"
+    body, met = [], {}
+    for place, found in by_place.items():
+        bounds = [(made.get("bounds") or {}).get(place) for _, made in found]
+        enforced = any(place in made.get("enforced", []) for _, made in found)
+        ok = all(
+            b is not None and f["kld_mean"] <= b["max_kld_mean"] and f["same_top"] >= b["min_same_top"]
+            for (f, _), b in zip(found, bounds, strict=True)
+        )
+        met[place] = ok
+        bound = next((b for b in bounds if b), None)
+        body.append(
+            [
+                PLACES.get(place, place),
+                str(len(found)),
+                f"{min(f['scored_tokens'] for f, _ in found):,}",
+                e(max(f["kld_mean"] for f, _ in found)),
+                percent(min(f["same_top"] for f, _ in found)),
+                f"{max(f['ln_ppl_ratio'] for f, _ in found):+.1e}",
+                "-"
+                if bound is None
+                else f"{e(bound['max_kld_mean'])} / {percent(bound['min_same_top'])} "
+                + ("(enforced)" if enforced else "(recorded)")
+                + (": met" if ok else ": **not met**"),
+            ]
+        )
+    advice = ""
+    if "gpu_mixed" in met:
+        advice = (
+            "\nOn the GPU, set **mixed** (fp16 storage, fp32 accumulation): its decisions meet their bound on "
+            "every graph. fp32 where a runtime lacks mixed (LiteRT < 2.2) or CPU agreement to float32 rounding "
+            "is wanted.\n"
+            if met["gpu_mixed"]
+            else "\nOn the GPU, set **fp32**: mixed misses its decision bound on at least one graph "
+            "(docs/decisions.md).\n"
+        )
+    scale = "; ".join(f"{f.name} {f.kld_mean:.2e} / {percent(f.same_top)}" for f in llama_cpp.FIGURES)
+    return (
+        table(
+            [
+                "place",
+                "graphs",
+                "tokens each (at least)",
+                "worst mean KLD",
+                "lowest same top",
+                "largest ln PPL ratio",
+                "bound: KLD / same top",
+            ],
+            body,
+        )
+        + f"\nFor scale, llama.cpp's Llama-3-8B against fp16 (mean KLD / same top): {scale}.\n"
+        + advice
     )
 
 
@@ -557,6 +718,7 @@ def weights_table(doc: dict) -> str:
                 f"{cpu['litert_median_s'] * 1e3:.1f} ms ({doc['litert_speedup_over_fp32'][name]:.2f}x); "
                 f"{cpu['fraction_of_peak']:.2f} of peak",
                 gpu_cell(v.get("gpu")),
+                decision_cell(v.get("decision")),
             ]
         )
     line = (
@@ -577,8 +739,22 @@ def weights_table(doc: dict) -> str:
         "vs unquantized: top-1 / top-5 agreement / mean KL",
         "LiteRT CPU",
         "GPU accelerator",
+        "decision, CPU: mean KLD / same top / ln PPL ratio",
     ]
+    floor = doc.get("decision_floor")
+    if floor:
+        line += (
+            f" Decision figures over {doc['scored_tokens']:,} held-out tokens against stock float64; the floor "
+            f"(stock transformers in torch float16): {decision_cell(floor)}."
+        )
     return f"{line}\n\n{table(header, body)}"
+
+
+def decision_cell(f: dict | None) -> str:
+    """A place's mean KLD / same top / ln PPL ratio, or "-"."""
+    if not f:
+        return "-"
+    return f"{e(f['kld_mean'])} / {percent(f['same_top'])} / {f['ln_ppl_ratio']:+.1e}"
 
 
 WEIGHTS_TABLES = {"weights": weights_table}  # from results/weights.json (make weights-bench)
@@ -707,7 +883,18 @@ def _covers(out: str, dep: str) -> bool:
     return dep == out or dep.startswith(out.rstrip("/") + "/") or fnmatch.fnmatch(dep, out)
 
 
-DVC_TABLES = {"params": params_table, "dag": dag_diagram}  # from dvc.yaml and params.yaml
+def llama_cpp_table(root: Path) -> str:
+    """llama.cpp's published figures (scripts/checks/llama_cpp.py), the scale for the decision figures."""
+    from scripts.checks import llama_cpp
+
+    body = [
+        [f"`{f.name}`", f"{f.kld_mean:.2e}", percent(f.same_top), "-" if f.ppl_ratio is None else f"{f.ppl_ratio:.4f}"]
+        for f in llama_cpp.FIGURES
+    ]
+    return f"{llama_cpp.SOURCE}:\n\n" + table(["llama.cpp quantization", "mean KLD", "same top", "PPL ratio"], body)
+
+
+DVC_TABLES = {"params": params_table, "dag": dag_diagram, "llama_cpp": llama_cpp_table}  # no run needed
 
 TABLES = {
     "bundle": bundle_table,
@@ -716,6 +903,8 @@ TABLES = {
     "export_bench": export_bench_table,
     "pairs": pairs_table,
     "gpu": gpu_table,
+    "decisions": decisions_table,
+    "decision_summary": decision_summary_table,
 }
 
 

@@ -60,6 +60,71 @@ def gpu_precision_advice(gpus: list[dict]) -> list[str]:
     return out
 
 
+PLACE_NAMES = {"cpu": "LiteRT CPU", "gpu_fp32": "GPU fp32", "gpu_fp16": "GPU fp16", "gpu_mixed": "GPU mixed"}
+
+
+def decision_lines(graphs: list[dict]) -> list[str]:
+    """What the head decides from each graph's hidden states, per place (the CPU interpreter at the release's
+    weights, each GPU mode), beside the torch-float16 floor and llama.cpp's figures, and the GPU mode the
+    figures point a device team to. [] when the run has no decision figures (random weights)."""
+    from scripts.checks import llama_cpp
+
+    body, mixed_ok, mixed_seen = [], True, False
+    for a in graphs:
+        what = f"row L={a['L']}" if a["kind"] == "row" else f"pair P={a['P']} S={a['S']}"
+        cpu = next(iter(a["verification"].values()))
+        places = {}
+        if cpu.get("kld_mean") is not None:
+            places["cpu"] = {k: cpu[k] for k in ("kld_mean", "same_top", "ln_ppl_ratio")}
+        made = (a.get("gpu") or {}).get("decision") or {}
+        for place, f in made.get("places", {}).items():
+            places[place] = f
+        order = [*PLACE_NAMES, "torch_float16"]
+        for place, f in sorted(places.items(), key=lambda pf: order.index(pf[0]) if pf[0] in order else len(order)):
+            bound = (made.get("bounds") or {}).get(place)
+            if place == "gpu_mixed":
+                mixed_seen = True
+                mixed_ok &= (
+                    bool(bound) and f["kld_mean"] <= bound["max_kld_mean"] and f["same_top"] >= bound["min_same_top"]
+                )
+            body.append(
+                f"| {what} | {PLACE_NAMES.get(place, 'floor: stock transformers in torch float16')} | "
+                f"{f['kld_mean']:.2e} | {100 * f['same_top']:.2f} % | {f['ln_ppl_ratio']:+.1e} |"
+            )
+    if not body:
+        return []
+    out = [
+        "## What the head decides",
+        "",
+        "Per graph and place, against stock transformers in float64 with the lm_head in float64, over "
+        "held-out text the checkpoint never trained on (llama.cpp's `--kl-divergence` statistics; the GPU "
+        "modes' in full, error bars included, in manifest.json's `gpu` entries):",
+        "",
+        "| graph | place | mean KLD | same top | ln PPL ratio |",
+        "|---|---|---|---|---|",
+        *body,
+        "",
+        f"For scale, {llama_cpp.SOURCE}: "
+        + "; ".join(f"{f.name} mean KLD {f.kld_mean:g}, same top {100 * f.same_top:.2f} %" for f in llama_cpp.FIGURES)
+        + ".",
+        "",
+    ]
+    if mixed_seen:
+        out += [
+            "Which GPU mode to set: "
+            + (
+                "mixed (fp16 storage, fp32 accumulation): its decisions stay within the bound the release "
+                "holds it to on every graph above; fp32 where a device's runtime lacks mixed (LiteRT < 2.2) "
+                "or agreement with the CPU to float32 rounding is wanted."
+                if mixed_ok
+                else "fp32 (enforce_f32): mixed misses the decision bound on at least one graph above; "
+                "fp16 and mixed are recorded, not recommended."
+            ),
+            "",
+        ]
+    return out
+
+
 def _io_table(entries: list[dict]) -> list[str]:
     lines = ["| name | shape | dtype | meaning |", "|---|---|---|---|"]
     lines += [f"| `{e['name']}` | {e['shape']} | {e['dtype']} | {e.get('meaning') or ''} |" for e in entries]
@@ -342,6 +407,7 @@ def render(
             "",
             *gpu_precision_advice(gpus),
         ]
+    out += ["", *decision_lines(rows + pairs)]
     out += [
         "",
         "Ops per GatedDeltaNet layer in the graphs: "

@@ -166,6 +166,7 @@ class GpuFigures(Record):
     modes: dict
     positions: list
     device: dict
+    decision: dict | None = optional()  # scripts/checks/decision_check.py's DecisionRecord, graphs run whole
 
 
 @dataclasses.dataclass(frozen=True)
