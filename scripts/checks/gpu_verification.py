@@ -212,9 +212,6 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
         mixed_over_floor=figures["modes"]["mixed"]["over_floor"],
         fully_accelerated=accelerated,
         layers_checked=found.layers_checked,
-        kld_mean=made.places["gpu_mixed"].kld_mean if made else None,
-        same_top=made.places["gpu_mixed"].same_top if made else None,
-        ln_ppl_ratio=made.places["gpu_mixed"].ln_ppl_ratio if made else None,
         **of.shape,
     )
     modes = figures["modes"]

@@ -219,9 +219,6 @@ def result(found: PairFindings, limits: dict[str, float], min_over: float) -> Ch
         op_total=census["op_total"],
         max_rank=census["max_rank"],
         ops_per_gdn_layer=max(census["ops_per_gdn_layer"].values(), default=None),
-        kld_mean=found.decision.places["cpu"].kld_mean if found.decision else None,
-        same_top=found.decision.places["cpu"].same_top if found.decision else None,
-        ln_ppl_ratio=found.decision.places["cpu"].ln_ppl_ratio if found.decision else None,
     )
     shown = {
         k: {b: f"{v:.2e}" for b, v in getattr(doc, k).to_json().items()}

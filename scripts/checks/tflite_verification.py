@@ -243,9 +243,6 @@ def result(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         ops_per_gdn_layer=max(gdn_ops) if gdn_ops else None,
         torch_over_litert=timing.torch_over_litert,
         litert_ms=1e3 * timing.litert_median_s,
-        kld_mean=doc.decision.places["cpu"].kld_mean if doc.decision else None,
-        same_top=doc.decision.places["cpu"].same_top if doc.decision else None,
-        ln_ppl_ratio=doc.decision.places["cpu"].ln_ppl_ratio if doc.decision else None,
     )
     line = (
         f"verify_tflite L={length}: max rel vs torch {doc.max_rel_vs_torch:.2e}, per position "

@@ -32,10 +32,6 @@ KEYS = {
     "mixed_over_floor": "the same ratio for the accelerator's mixed mode (fp16 storage, fp32 accumulation)",
     "fully_accelerated": "every op of every signature the GPU accelerator ran (compiled without CPU fallback)",
     "layers_checked": "the decoder layers the GPU accelerator ran (params.yaml verify_gpu.layers)",
-    "kld_mean": "the host's next-token decision: mean KL(truth || graph) over the held-out tokens scored "
-    "(scripts/checks/decision_check.py; CPU interpreter, or the GPU's mixed mode), nats",
-    "same_top": "the share of scored tokens whose top next token is the truth's (same place as kld_mean)",
-    "ln_ppl_ratio": "ln(PPL(place) / PPL(truth)) over the same tokens (same place as kld_mean)",
     "L": "row graph length",
     "P": "pair prefix length",
     "S": "pair suffix length",
