@@ -223,16 +223,30 @@ def test_the_gpu_accelerator_takes_fp16_weights_and_refuses_int8_naming_the_op(g
     assert "Shape mismatch" in refusal, refusal
 
 
-def test_the_gpu_accelerator_does_not_take_dynamic_range_int8_on_this_toy(graphs, tmp_path):
-    """The other reason `weights: int8` is weight-only: the accelerator's hybrid FULLY_CONNECTED is not to be
-    relied on. On this graph it fails to build a kernel; on the tiny checkpoint's row graph it compiles whole
-    and answers 1.3 times the output's size off (results/weights.json, int8_dynamic, gpu)."""
+def test_the_gpu_accelerator_reads_int8_weights_itself_once_each_reader_has_a_rank_2_input(
+    graphs, tmp_path, monkeypatch
+):
+    """With the int8 weight on the FULLY_CONNECTED itself (no DEQUANTIZE), the GPU accelerator computes
+    what the quantized torch model does, to float32 rounding, in fp32. It takes it only from a rank-2
+    input: with the input flattening off, this graph's first FULLY_CONNECTED (keep_num_dims false on
+    [1, 16, 128]) fails to build a kernel, and on the tiny checkpoint's row graph the same pattern
+    compiled whole and answered 0.88 of the output's size off (weights bench, int8_dynamic, before)."""
     from scripts.litert import gpu_accelerator
 
     model, _, _ = graphs["int8"]
     path, _ = graph(model, "int8", tmp_path, "dynamic")
+    census = tflite_file.census(path)
+    assert "DEQUANTIZE" not in census["ops"] and census["ops"]["RESHAPE"] == 2  # the graph's own and ours
+    compiled = gpu_accelerator.compile(path, "fp32")
+    assert compiled.fully_accelerated
+    got = compiled.signature()(x=X)["y"]
+    compiled.close()
+    assert compare.rel(got.double(), exact(model)) < 1e-4
+    monkeypatch.setattr(weight_storage, "flattened_inputs", lambda *a: False)
+    (tmp_path / "off").mkdir()
+    unflattened, _ = graph(model, "int8", tmp_path / "off", "dynamic")
     with pytest.raises(ClefError, match="Unable to parse bc coord for BATCH axis"):
-        gpu_accelerator.compile(path, "fp32")
+        gpu_accelerator.compile(unflattened, "fp32")
 
 
 def test_a_section_cut_never_separates_a_stored_weight_from_its_reader(graphs):

@@ -12,7 +12,11 @@ is kept as float32 and counted, never rounded here: this step changes no value.
 
 `dynamic` (int8 only) instead gives the FULLY_CONNECTED the int8 weight itself, per-channel scales
 on the tensor: the hybrid kernel, which quantizes the activations too while it runs (XNNPACK's
-int8 path), so its outputs are no longer the torch model's to float32 rounding.
+int8 path), so its outputs are no longer the torch model's to float32 rounding. The GPU accelerator
+reads such a weight too, dequantized in the shader, but only from a rank-2 input: a FULLY_CONNECTED
+that flattens a higher-rank input itself (keep_num_dims false) compiles and answers wrong, or fails to
+build a kernel (`flattened_inputs`). So each such reader is given its input through a RESHAPE to
+[rows, in] first, which changes no value.
 """
 
 from __future__ import annotations
@@ -156,6 +160,43 @@ def _place_before_first_use(sg, ops: list) -> None:
     sg.operators = out
 
 
+def flattened_inputs(model, sg, op) -> bool:
+    """Whether FULLY_CONNECTED `op` flattens its input itself: keep_num_dims false on an input of rank > 2
+    (the GPU accelerator's integer-weight kernel mishandles it: the module doc)."""
+    shape = sg.tensors[op.inputs[0]].shape
+    keeps = bool(getattr(op.builtinOptions, "keepNumDims", False))
+    return not keeps and shape is not None and len(shape) > 2
+
+
+def _flatten_input(model, sg, op) -> None:
+    """Give FULLY_CONNECTED `op` its input as [rows, in] through a RESHAPE placed just before it."""
+    src = sg.tensors[op.inputs[0]]
+    shape = [int(d) for d in src.shape]
+    flat = [int(np.prod(shape[:-1])), shape[-1]]
+    out = schema.TensorT()
+    out.name, out.shape, out.type, out.buffer = tflite_file.text(src.name) + ";rows", flat, src.type, 0
+    sg.tensors.append(out)
+    new_shape = schema.TensorT()
+    new_shape.name, new_shape.shape, new_shape.type = (
+        tflite_file.text(src.name) + ";rows_shape",
+        [2],
+        schema.TensorType.INT32,
+    )
+    buffer = schema.BufferT()
+    buffer.data = list(np.array(flat, np.int32).tobytes())
+    model.buffers.append(buffer)
+    new_shape.buffer = len(model.buffers) - 1
+    sg.tensors.append(new_shape)
+    reshape = schema.OperatorT()
+    reshape.opcodeIndex = _opcode(model, schema.BuiltinOperator.RESHAPE)
+    reshape.inputs, reshape.outputs = [int(op.inputs[0]), len(sg.tensors) - 1], [len(sg.tensors) - 2]
+    reshape.builtinOptionsType = schema.BuiltinOptions.ReshapeOptions
+    reshape.builtinOptions = schema.ReshapeOptionsT()
+    reshape.builtinOptions.newShape = flat
+    op.inputs = [len(sg.tensors) - 2, *_inputs(op)[1:]]
+    sg.operators.insert(sg.operators.index(op), reshape)
+
+
 def _read(mm, buffer) -> np.ndarray:
     if buffer.offset > 1:
         return np.frombuffer(mm, np.float32, buffer.size // 4, buffer.offset).copy()
@@ -207,8 +248,13 @@ def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
                 sg = model.subgraphs[si]
                 t = sg.tensors[ti]
                 if scheme == "dynamic":
-                    # the FULLY_CONNECTED reads the int8 weight itself
+                    # the FULLY_CONNECTED reads the int8 weight itself, from a rank-2 input
                     sg.tensors[ti] = _stored_tensor(t, precision, dtype, index, scales)
+                    for reader in [op for op in sg.operators if ti in _inputs(op)]:
+                        if tflite_file.op_name(model, reader) == "FULLY_CONNECTED" and flattened_inputs(
+                            model, sg, reader
+                        ):
+                            _flatten_input(model, sg, reader)
                     continue
                 # one DEQUANTIZE per reader, all of the one stored buffer: a weight read by several ops (equal
                 # constants are one buffer) is expanded beside each, so a section cut can fall between them
