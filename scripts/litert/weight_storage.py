@@ -160,7 +160,7 @@ def _place_before_first_use(sg, ops: list) -> None:
     sg.operators = out
 
 
-def flattened_inputs(model, sg, op) -> bool:
+def flattened_inputs(sg, op) -> bool:
     """Whether FULLY_CONNECTED `op` flattens its input itself: keep_num_dims false on an input of rank > 2
     (the GPU accelerator's integer-weight kernel mishandles it: the module doc)."""
     shape = sg.tensors[op.inputs[0]].shape
@@ -182,10 +182,7 @@ def _flatten_input(model, sg, op) -> None:
         [2],
         schema.TensorType.INT32,
     )
-    buffer = schema.BufferT()
-    buffer.data = list(np.array(flat, np.int32).tobytes())
-    model.buffers.append(buffer)
-    new_shape.buffer = len(model.buffers) - 1
+    new_shape.buffer = model_writer.inline(model, np.array(flat, np.int32).tobytes())
     sg.tensors.append(new_shape)
     reshape = schema.OperatorT()
     reshape.opcodeIndex = _opcode(model, schema.BuiltinOperator.RESHAPE)
@@ -251,9 +248,7 @@ def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
                     # the FULLY_CONNECTED reads the int8 weight itself, from a rank-2 input
                     sg.tensors[ti] = _stored_tensor(t, precision, dtype, index, scales)
                     for reader in [op for op in sg.operators if ti in _inputs(op)]:
-                        if tflite_file.op_name(model, reader) == "FULLY_CONNECTED" and flattened_inputs(
-                            model, sg, reader
-                        ):
+                        if tflite_file.op_name(model, reader) == "FULLY_CONNECTED" and flattened_inputs(sg, reader):
                             _flatten_input(model, sg, reader)
                     continue
                 # one DEQUANTIZE per reader, all of the one stored buffer: a weight read by several ops (equal

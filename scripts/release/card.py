@@ -64,16 +64,16 @@ PLACE_NAMES = {"cpu": "LiteRT CPU", "gpu_fp32": "GPU fp32", "gpu_fp16": "GPU fp1
 
 
 def decision_lines(graphs: list[dict]) -> list[str]:
-    """What the head decides from each graph's hidden states, per place (the CPU interpreter at the release's
-    weights, each GPU mode), beside the torch-float16 floor and llama.cpp's figures, and the GPU mode the
-    figures point a device team to. [] when the run has no decision figures (random weights)."""
+    """What the head decides from each graph's hidden states, per GPU mode (verify_gpu's decision record),
+    beside the torch-float16 floor and llama.cpp's figures, and the GPU mode the figures point a device
+    team to. [] when the run has no decision figures (random weights)."""
     from scripts.checks import llama_cpp
 
     body, mixed_ok, mixed_seen = [], True, False
     for a in graphs:
         what = f"row L={a['L']}" if a["kind"] == "row" else f"pair P={a['P']} S={a['S']}"
         made = (a.get("gpu") or {}).get("decision") or {}
-        places = dict(made.get("places", {}))
+        places = made.get("places", {})
         order = [*PLACE_NAMES, "torch_float16"]
         for place, f in sorted(places.items(), key=lambda pf: order.index(pf[0]) if pf[0] in order else len(order)):
             bound = (made.get("bounds") or {}).get(place)
