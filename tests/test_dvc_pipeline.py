@@ -380,7 +380,15 @@ BAD_PARAMS = {
         section("release", "host_weights", "foo"),
         "release.host_weights 'foo' is not one of include, reference",
     ),
-    "9-weights": (lambda p: p.update(weights="int4"), "weights 'int4' is not one of fp32, fp16, int8"),
+    "9-weights": (lambda p: p.update(weights="int3"), "weights 'int3' is not one of fp32, fp16, int8, int4"),
+    # Issue 52: blockwise int8 (the GPU accelerator aborts on it), a block that is not one of the four, and
+    # blockwise int4 in the pipeline (read only by the CPU's dynamic kernels, which its checks do not hold)
+    "52-blockwise-int8": (lambda p: p.update(weights="int8b32"), "weights int8b32: blockwise int8 is refused"),
+    "52-block-size": (lambda p: p.update(weights="int4b48"), "block 48 is not one of 32, 64, 128, 256"),
+    "52-blockwise-int4": (
+        lambda p: p.update(weights="int4b32"),
+        "weights int4b32: blockwise int4 runs only as the CPU's dynamic kernels",
+    ),
     "9-model-source": (section("model", "source", "local"), "model.source 'local' is not one of tiny, synthetic, hub"),
     "9-model-revision": (section("model", "revision", "main"), "model.revision 'main' is not a full 40-hex commit id"),
     # Issue 37: a form spelt another way (DVC would rerun every stage that reads it), a length or pair too short

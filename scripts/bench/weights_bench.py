@@ -1,9 +1,9 @@
 """`make weights-bench`: a workspace's L=64 row graph with its Linear weights stored at each precision,
 side by side in one run -> <workspace>/results/weights.json.
 
-For each variant (VARIANTS: fp32, fp16 and int8 as params.yaml `weights` makes them, and int8 with
-the dynamic-range kernel, measured to choose between the two int8 schemes) the stack is loaded with
-the stored weights, the graph converted and stored, and on the same host-built records:
+For each variant (VARIANTS: fp32, fp16, int8 and int4 as params.yaml `weights` makes them, and int8,
+int4 and blockwise int4 read by the FULLY_CONNECTED itself, the scheme the GPU accelerator reads) the
+stack is loaded with the stored weights, the graph converted and stored, and on the same host-built records:
 - size: the graph's bytes (and the bundle's, derived: the workspace's bundle holds one copy of the
   weights, so it shrinks by what one graph does);
 - conversion error: the graph against the torch model with the same stored weights (the bound of
@@ -55,19 +55,30 @@ from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import Stopwatch, median_seconds, stack_fp32_bytes
 from scripts.pipeline.records import Record, optional
-from scripts.qwen35 import patch, row_graph
+from scripts.qwen35 import model_change, patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
 
-VARIANTS = (("fp32", "weight_only"), ("fp16", "weight_only"), ("int8", "weight_only"), ("int8", "dynamic"))
+# (params.yaml `weights`, storage scheme): the pipeline's (weight_storage's default, None: a DEQUANTIZE
+# before each reader), and int8 and int4 read by the FULLY_CONNECTED itself (what the GPU accelerator
+# reads; XNNPACK's dynamic kernels on the CPU), blockwise int4 among them
+VARIANTS = (
+    ("fp32", None),
+    ("fp16", None),
+    ("int8", None),
+    ("int8", "dynamic"),
+    ("int4", None),
+    ("int4", "dynamic"),
+    ("int4b32", "dynamic"),
+)
 BENCH_L = 64
 REPEATS = 5
 GPU_REPEATS = 3
 RESULT = "weights"
 
 
-def variant_name(precision: str, scheme: str) -> str:
-    return precision if scheme == "weight_only" else f"{precision}_{scheme}"
+def variant_name(weights: str, scheme: str | None) -> str:
+    return weights if scheme is None else f"{weights}_{scheme}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +227,9 @@ class Variant(Record):
     cpu: CpuSpeed
     gpu: GpuModes
     decision: DecisionFigures | None = optional()  # LiteRT's CPU accelerator, on held-out text
+    # dynamic scheme: the CPU against the same model whose Linears read their input as XNNPACK's dynamic
+    # kernels quantize it (scripts/layers/dynamic_activations.py): what is left is the CPU's own rounding
+    cpu_arithmetic: VariantConversion | None = optional()
 
 
 def measure(
@@ -231,6 +245,10 @@ def measure(
     graph = row_graph.ClefRowPrefill(model, BENCH_L).eval()
     with torch.no_grad():
         expected = {kind: graph(**inputs)["hidden"][0, :n] for kind, (n, inputs) in records.items()}
+        emulated = None
+        if scheme == "dynamic":
+            with model_change.changed(model, dynamic_activations=True):
+                emulated = {kind: graph(**inputs)["hidden"][0, :n] for kind, (n, inputs) in records.items()}
     timed = records[tflite_check.REFERENCE_KIND][1]
     torch_s = statistics.median(tflite_check.torch_times(graph, timed, REPEATS))
     raw, path = scratch / f"{variant_name(*variant)}.raw", scratch / f"{variant_name(*variant)}.tflite"
@@ -238,6 +256,7 @@ def measure(
     del graph, model
     gc.collect()
     stored = weight_storage.store(raw, path, precision, scheme)
+    scheme = stored.scheme
     raw.unlink()
     convert_s = clock.seconds()
     lite = CpuGraph(path)
@@ -248,6 +267,9 @@ def measure(
     flops = sum(tflite_file.matmul_flops(path).values())
     census = tflite_file.census(path)
     conversion = [{"record": kind, **compare.figures("vs_torch", outputs[kind], expected[kind])} for kind in records]
+    arithmetic = [
+        {"record": kind, **compare.figures("vs_torch", outputs[kind], want)} for kind, want in (emulated or {}).items()
+    ]
     effect = [quantization_effect.row(kind, n, outputs[kind], truths[kind], host) for kind, (n, _) in records.items()]
     storage_alone = [
         {"record": kind, **compare.figures("vs_fp32_graph", outputs[kind], want)}
@@ -284,6 +306,13 @@ def measure(
         ),
         gpu=gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
         decision=scored.of([tflite_check.run(runner, r)[0] for r in scored.inputs]) if scored else None,
+        cpu_arithmetic=VariantConversion(
+            max_rel_vs_torch=compare.worst(arithmetic, "rel_vs_torch"),
+            max_rel_per_position_vs_torch=compare.worst(arithmetic, "rel_per_position_vs_torch"),
+            rows=arithmetic,
+        )
+        if arithmetic
+        else None,
     )
     if not base and precision == "fp32":
         base.update(outputs=outputs, graph=lite, runner=runner)  # closed by main, after every variant
@@ -436,7 +465,7 @@ def main() -> None:
     fp32_bytes = rows["fp32"].bytes
     derived = None
     if bundle is not None:
-        have = rows[variant_name(p["weights"], "weight_only")].bytes
+        have = rows[variant_name(p["weights"], None)].bytes
         derived = DerivedBundle(
             workspace_bundle_bytes=bundle["sharing"]["bytes"],
             workspace_weights=p["weights"],

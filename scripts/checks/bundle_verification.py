@@ -19,6 +19,7 @@ from pathlib import Path
 
 from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.checks import bundle_check, compare
+from scripts.layers import weight_precision
 from scripts.litert import bundle, gpu_accelerator, tflite_file
 from scripts.litert.cpu_graph import CpuGraph
 from scripts.pipeline import layout, params
@@ -72,10 +73,10 @@ def metadata(rec: SnapshotRecord, form: str, weights: str, metas: GraphMetadata)
 def gpu_not_checked_why(weights: str, depth: str, source: str) -> str | None:
     """Why the bundle is not run on the GPU accelerator, or None where it is: verify_gpu runs whole graphs
     (verify_gpu.layers resolving to `all` for model.source) and the accelerator takes the weights (it
-    refuses int8: verify_gpu records it)."""
+    refuses int8 and int4 read through a DEQUANTIZE: verify_gpu records it)."""
     whole = params.gpu_depth(depth, source) == "all"
-    if weights == "int8":
-        return "weights int8: the GPU accelerator refuses the graphs (verify_gpu records the op)"
+    if weight_precision.integer(weights):
+        return f"weights {weights}: the GPU accelerator refuses the graphs (verify_gpu records the op)"
     if not whole:
         return (
             f"verify_gpu.layers resolves to block for model.source {source}: "

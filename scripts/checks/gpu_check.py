@@ -516,14 +516,16 @@ def summary(rows: list[dict], bounds: GpuBounds) -> tuple[dict, list[str]]:
     return doc, problems
 
 
-def int8_refusal(path, census: dict) -> str | None:
-    """Whether LiteRT's GPU accelerator takes a graph whose Linear weights are stored as int8 (the
-    DEQUANTIZE of each into its FULLY_CONNECTED): None where it compiles the whole graph alone, else
-    the refusal naming the op, in the accelerator's words. Compiled in fp32 mode; the refusal is the
-    kernel builder's, before any precision applies."""
+def weights_refusal(path, census: dict) -> str | None:
+    """Whether LiteRT's GPU accelerator takes a graph whose Linear weights are stored as integers: None
+    where it compiles the whole graph alone, else the refusal naming the stored type, in the
+    accelerator's words (blockwise weights are refused before they reach it: gpu_accelerator.compile).
+    Compiled in fp32 mode; the refusal is the kernel builder's, before any precision applies."""
     try:
         gpu_accelerator.compile(path, "fp32", census).close()
     except ClefError as e:
-        held = census["fully_connected_weights"].get("INT8", 0)
-        return f"DEQUANTIZE of an int8 weight into FULLY_CONNECTED ({held} such weights): {str(e).split(': ', 1)[-1]}"
+        held = ", ".join(
+            f"{t} ({n} such)" for t, n in census["fully_connected_weights"].items() if n and t != "FLOAT32"
+        )
+        return f"FULLY_CONNECTED weights stored {held}: {str(e).split(': ', 1)[-1]}"
     return None

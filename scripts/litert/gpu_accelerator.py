@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.litert import litert_c
+from scripts.litert import litert_c, tflite_file
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record
 
@@ -58,6 +58,8 @@ RUN_ATTEMPTS = 3
 # weight is the DEQUANTIZE of an int8 constant: "Shape mismatch: {bhwc, {256, 1, 1, 1024}} vs ..."
 # (a float16 constant's DEQUANTIZE it folds into the weight; an int8 one it does not).
 _KERNEL = re.compile(r"Failed to create litert::ml_drift::DelegateKernelLiteRt: (.+)")
+# the versions seen ending the process (free(): invalid next size) on a blockwise int4 FULLY_CONNECTED weight
+BLOCKWISE_ABORTS_IN = "2.3.0 and 2.4.0.dev20261026"
 _NO_ADAPTER = ("No adapters found", "Failed to create WebGPU", "No GPU adapter", "Failed to create a WebGPU")
 
 
@@ -238,6 +240,14 @@ def compile(path, mode: str = "fp32", census: dict | None = None) -> Compiled:  
     check_mode(mode)
     if not path.is_file():
         raise ClefError(f"no {path} to compile for the GPU")
+    from scripts.litert import weight_storage
+
+    if found := weight_storage.blockwise(census or tflite_file.census(path)):
+        raise ClefError(
+            f"{path}: FULLY_CONNECTED weights stored {', '.join(found)}: not handed to the GPU accelerator, "
+            f"which aborts the process on blockwise weights (ai-edge-litert {BLOCKWISE_ABORTS_IN}); int4 per "
+            "output row (weights int4) is what it reads"
+        )
     with captured_stderr():  # loading logs what the runtime looks for; a missing symbol is a ClefError
         litert_c.library()
     quiet_teardown_at_exit()

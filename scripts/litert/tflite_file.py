@@ -199,7 +199,7 @@ def census(source) -> dict:
 def _fully_connected_weight_types(model, sg) -> list[str]:
     """The type each FULLY_CONNECTED's constant weight is stored as, once per stored buffer: its own
     type, or the stored type a DEQUANTIZE reads it from (scripts/litert/weight_storage.py: one
-    DEQUANTIZE per reader, all of the one buffer)."""
+    DEQUANTIZE per reader, all of the one buffer); stored_type_name."""
     dequantized = {}  # DEQUANTIZE output -> the stored tensor it reads
     for op in sg.operators:
         if op_name(model, op) == "DEQUANTIZE" and buffer_bytes(model.buffers[sg.tensors[op.inputs[0]].buffer]):
@@ -211,9 +211,19 @@ def _fully_connected_weight_types(model, sg) -> list[str]:
         t = dequantized.get(op.inputs[1], sg.tensors[op.inputs[1]])
         if t.buffer in seen or not buffer_bytes(model.buffers[t.buffer]):
             continue
-        out.append(_TYPE_NAMES.get(t.type, "?"))
+        out.append(stored_type_name(t))
         seen.add(t.buffer)
     return out
+
+
+def stored_type_name(t) -> str:
+    """A weight tensor's type as the census names it: the tensor type, and `/block32` where its scales come
+    in blocks of 32 along the input (TensorFlow Lite's BlockwiseQuantization)."""
+    name = _TYPE_NAMES.get(t.type, "?")
+    q = t.quantization
+    if q is not None and q.detailsType == schema.QuantizationDetails.BlockwiseQuantization:
+        name += f"/block{q.details.blockSize}"
+    return name
 
 
 def violations(c: dict) -> list[str]:

@@ -10,13 +10,17 @@ is the form TensorFlow Lite's own float16 and weight-only quantization writes; t
 accelerators fold it into the weights when they load the graph. A weight that does not round-trip
 is kept as float32 and counted, never rounded here: this step changes no value.
 
-`dynamic` (int8 only) instead gives the FULLY_CONNECTED the int8 weight itself, per-channel scales
-on the tensor: the hybrid kernel, which quantizes the activations too while it runs (XNNPACK's
-int8 path), so its outputs are no longer the torch model's to float32 rounding. The GPU accelerator
-reads such a weight too, dequantized in the shader, but only from a rank-2 input: a FULLY_CONNECTED
-that flattens a higher-rank input itself (keep_num_dims false) compiles and answers wrong, or fails to
-build a kernel (`flattened_inputs`). So each such reader is given its input through a RESHAPE to
-[rows, in] first, which changes no value.
+`dynamic` (int8's and int4's scheme: DEFAULT_SCHEME) instead gives the FULLY_CONNECTED the integer
+weight itself, as ai-edge-quantizer's dynamic recipes write it: int8 or packed int4 (two codes a byte,
+the even element in the low nibble) with one scale per output row on the tensor, or int4 with a
+float16 scale per block of a row (TensorFlow Lite's BlockwiseQuantization: a scales tensor
+[out, in / block], no zero points). The CPU runs XNNPACK's dynamic kernels, which quantize the
+activations to int8 while they run, so its outputs are no longer the torch model's to float32
+rounding. The GPU accelerator reads the per-row forms in the shader with float activations, but only
+from a rank-2 input: a FULLY_CONNECTED that flattens a higher-rank input itself (keep_num_dims false)
+compiles and answers wrong, or fails to build a kernel (`flattened_inputs`). So each such reader is
+given its input through a RESHAPE to [rows, in] first, which changes no value. Blockwise int4 aborts
+the GPU accelerator's process (gpu_check.blockwise_refusal keeps it off the GPU).
 """
 
 from __future__ import annotations
@@ -32,11 +36,26 @@ from ai_edge_litert.tools import flatbuffer_utils
 
 from scripts.litert import model_writer, tflite_file
 from scripts.pipeline.errors import ClefError
-from scripts.pipeline.records import Record
+from scripts.pipeline.params import parse_weights
+from scripts.pipeline.records import Record, optional
 
-INT8_SCHEMES = ("weight_only", "dynamic")
+# Which precisions each scheme stores: a DEQUANTIZE before the reader, or the reader reading the weight itself.
+SCHEMES = {"weight_only": ("fp32", "fp16", "int8", "int4"), "dynamic": ("int8", "int4")}
 # The tensor type each precision stores a Linear weight as (tflite_file.census: fully_connected_weights).
-STORED_TYPE = {"fp32": "FLOAT32", "fp16": "FLOAT16", "int8": "INT8"}
+STORED_TYPE = {"fp32": "FLOAT32", "fp16": "FLOAT16", "int8": "INT8", "int4": "INT4"}
+
+
+def stored_type(weights: str) -> str:
+    """The census's name for how `weights` (a params spelling) stores a Linear weight: int4b32 -> INT4/block32."""
+    spec = parse_weights(weights)
+    return STORED_TYPE[spec.precision] + (f"/block{spec.block}" if spec.block else "")
+
+
+def blockwise(census: dict) -> list[str]:
+    """The census's blockwise FULLY_CONNECTED weight types (LiteRT's GPU accelerator aborts the process on them)."""
+    return sorted(t for t, n in census["fully_connected_weights"].items() if n and "/block" in t)
+
+
 _SCALE_STEPS = 4  # neighbouring float32 scales tried when max|row| / 127 does not reproduce a row
 
 
@@ -44,21 +63,24 @@ _SCALE_STEPS = 4  # neighbouring float32 scales tried when max|row| / 127 does n
 class Stored(Record):
     """What `store` did to one file (a graph's `weight_storage` metadata entry)."""
 
-    precision: str
+    precision: str  # params.yaml `weights` as given (int4b32: int4, blocks of 32)
     scheme: str
     weights: int  # distinct FULLY_CONNECTED weight buffers re-encoded
     kept_float32: int  # FULLY_CONNECTED weight buffers left float32 (a value that does not round-trip)
     float32_bytes: int  # the re-encoded weights' bytes as float32
-    stored_bytes: int  # ... and as stored (int8: codes and scales)
+    stored_bytes: int  # ... and as stored (int8/int4: codes and scales)
     bytes: int  # the file written
+    block: int | None = optional()  # int4's block along the input; None: one scale per output row
+    selections: int | None = optional()  # 0/1 constants left float32 by the dynamic scheme (is_selection)
 
 
 def mismatch(census: dict, declared: str) -> list[str]:
     """A graph whose metadata says its weights are `declared` against the types its FULLY_CONNECTED
     weights are stored as (a constant that is not a Linear's may stay FLOAT32): one line per problem."""
     held = {t for t, n in census["fully_connected_weights"].items() if n}
-    want = STORED_TYPE.get(declared)
-    if want is None:
+    try:
+        want = stored_type(declared)
+    except ClefError:
         return [f"metadata says weights {declared!r}, not one of {', '.join(STORED_TYPE)}"]
     others = sorted(held - {want, "FLOAT32"})
     out = (
@@ -71,25 +93,30 @@ def mismatch(census: dict, declared: str) -> list[str]:
     return out
 
 
+def is_selection(w: np.ndarray) -> bool:
+    """Whether a FULLY_CONNECTED constant holds only 0 and 1: a selection the kernel form builds (dd's segment
+    sums), not a Linear weight. The dynamic scheme leaves it float32: the CPU's dynamic kernels would
+    quantize the activations it selects (the decays) to int8."""
+    return bool(np.all((w == 0) | (w == 1)))
+
+
 def encode_fp16(w: np.ndarray) -> np.ndarray | None:
     """float32 values -> float16 holding exactly the same values, or None."""
     h = w.astype(np.float16)
     return h if np.array_equal(h.astype(np.float32), w) else None
 
 
-def encode_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """float32 [out, in] values -> (int8 codes, float32 scales [out]) with codes x scales == w exactly
-    row by row, or None. The scale is max|row| / 127 as weight_precision computes it, or, where
+def encode_rows(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """float32 [out, in] values -> (codes in int8, float32 scales [out]) with codes x scales == w exactly
+    row by row, or None. The scale is max|row| / levels as weight_precision computes it, or, where
     float32 rounding moved it, one of its nearest neighbours."""
-    from scripts.layers.weight_precision import INT8_LEVELS
-
     absmax = np.abs(w).max(axis=1)
-    scales = np.where(absmax > 0, absmax / np.float32(INT8_LEVELS), np.float32(1)).astype(np.float32)
+    scales = np.where(absmax > 0, absmax / np.float32(levels), np.float32(1)).astype(np.float32)
     codes = np.zeros(w.shape, np.int8)
     pending = np.arange(w.shape[0])
     trial = scales.copy()
     for step in range(2 * _SCALE_STEPS + 1):
-        q = np.clip(np.rint(w[pending] / trial[pending, None]), -INT8_LEVELS, INT8_LEVELS)
+        q = np.clip(np.rint(w[pending] / trial[pending, None]), -levels, levels)
         exact = np.all(q.astype(np.float32) * trial[pending, None] == w[pending], axis=1)
         codes[pending[exact]] = q[exact].astype(np.int8)
         scales[pending[exact]] = trial[pending[exact]]
@@ -99,6 +126,46 @@ def encode_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         k = (step // 2 + 1) * (1 if step % 2 == 0 else -1)  # +1, -1, +2, -2, ...
         trial[pending] = _ulps(scales[pending], k)
     return None
+
+
+def encode_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    from scripts.layers.weight_precision import INT8_LEVELS
+
+    return encode_rows(w, INT8_LEVELS)
+
+
+def encode_blocks(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """float32 [out, in] values -> (int4 codes in int8, float16 scales [out, in / block]) with codes x scales
+    == w exactly, or None: weight_precision's formula (float16 scales hold their product exactly)."""
+    import torch
+
+    from scripts.layers.weight_precision import block_codes, block_scales
+
+    if w.shape[1] % block:
+        return None
+    t = torch.from_numpy(w)
+    scales = block_scales(t, block)
+    codes = block_codes(t, scales)
+    back = (codes.to(torch.float32).reshape(w.shape[0], -1, block) * scales[..., None]).reshape(w.shape)
+    if not torch.equal(back, t):
+        return None
+    return codes.numpy(), scales.numpy().astype(np.float16)
+
+
+def pack_int4(codes: np.ndarray) -> np.ndarray:
+    """int4 codes (int8 in [-8, 7]) -> bytes, two a byte, the even element in the low nibble (TensorFlow
+    Lite's INT4 layout; an odd count pads the last high nibble with 0)."""
+    flat = codes.reshape(-1).astype(np.uint8) & 0xF
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(data: np.ndarray, count: int) -> np.ndarray:
+    """pack_int4's inverse: `count` int4 codes as int8."""
+    nibbles = np.empty(data.size * 2, np.uint8)
+    nibbles[0::2], nibbles[1::2] = data & 0xF, data >> 4
+    return ((nibbles[:count].astype(np.int8) << 4) >> 4).astype(np.int8)
 
 
 def _ulps(x: np.ndarray, k: int) -> np.ndarray:
@@ -136,7 +203,8 @@ def _inputs(op) -> list[int]:
 
 
 def _stored_tensor(t, precision: str, dtype: int, buffer: int, scales: np.ndarray | None):
-    """A tensor for weight `t` as stored: its shape, the stored type, the stored buffer, int8's per-row scales."""
+    """A tensor for weight `t` as stored: its shape, the stored type, the stored buffer, int8's and int4's
+    per-row scales."""
     stored = schema.TensorT()
     stored.name = tflite_file.text(t.name) + f";stored_{precision}"
     stored.shape, stored.type, stored.buffer = t.shape, dtype, buffer
@@ -145,6 +213,20 @@ def _stored_tensor(t, precision: str, dtype: int, buffer: int, scales: np.ndarra
         q.scale, q.zeroPoint, q.quantizedDimension = scales.tolist(), [0] * len(scales), 0
         stored.quantization = q
     return stored
+
+
+def _blockwise(sg, stored, scales_buffer: int, scales_shape: list[int], block: int) -> None:
+    """Give `stored` (an int4 weight of subgraph `sg`) TensorFlow Lite's BlockwiseQuantization: a float16
+    scales tensor [out, in / block] of this subgraph over `scales_buffer`, no zero points."""
+    scales = schema.TensorT()
+    scales.name = tflite_file.text(stored.name) + ";block_scales"
+    scales.shape, scales.type, scales.buffer = scales_shape, schema.TensorType.FLOAT16, scales_buffer
+    sg.tensors.append(scales)
+    details = schema.BlockwiseQuantizationT()
+    details.scales, details.zeroPoints, details.blockSize = len(sg.tensors) - 1, -1, block
+    q = schema.QuantizationParametersT()
+    q.detailsType, q.details, q.quantizedDimension = schema.QuantizationDetails.BlockwiseQuantization, details, 0
+    stored.quantization = q
 
 
 def _place_before_first_use(sg, ops: list) -> None:
@@ -200,53 +282,81 @@ def _read(mm, buffer) -> np.ndarray:
     return np.frombuffer(bytes(buffer.data), np.float32).copy()
 
 
-def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
-    """The graph `src` with its Linear weights stored at `precision`, written atomically to `dst`."""
-    from scripts.pipeline.params import WEIGHT_PRECISIONS
+def _encode(w: np.ndarray, shape: list[int], spec) -> tuple[bytes, int, np.ndarray | None, np.ndarray | None] | None:
+    """One weight's float32 values -> (stored bytes, tensor type, per-row scales, block scales), or None
+    where a value does not round-trip."""
+    from scripts.layers.weight_precision import LEVELS
 
-    if precision not in WEIGHT_PRECISIONS:
-        raise ClefError(f"weights {precision!r} is not one of {', '.join(WEIGHT_PRECISIONS)}")
-    if scheme not in INT8_SCHEMES or (scheme == "dynamic" and precision != "int8"):
-        raise ClefError(f"weight storage scheme {scheme!r} does not apply to {precision}")
+    if spec.precision == "fp16":
+        values = encode_fp16(w)
+        return None if values is None else (values.tobytes(), schema.TensorType.FLOAT16, None, None)
+    if len(shape) != 2:
+        return None
+    w = w.reshape(shape)
+    if spec.block:
+        pair = encode_blocks(w, spec.block)
+        return None if pair is None else (pack_int4(pair[0]).tobytes(), schema.TensorType.INT4, None, pair[1])
+    pair = encode_rows(w, LEVELS[spec.precision])
+    if pair is None:
+        return None
+    codes, scales = pair
+    if spec.precision == "int4":
+        return pack_int4(codes).tobytes(), schema.TensorType.INT4, scales, None
+    return codes.tobytes(), schema.TensorType.INT8, scales, None
+
+
+def store(src, dst, weights: str, scheme: str | None = None) -> Stored:
+    """The graph `src` with its Linear weights stored at `weights` (a params.yaml spelling), by `scheme`
+    (DEFAULT_SCHEME's for the precision when None), written atomically to `dst`."""
+    spec = parse_weights(weights)
+    scheme = scheme or "weight_only"
+    if spec.precision not in SCHEMES.get(scheme, ()):
+        raise ClefError(f"weight storage scheme {scheme!r} does not apply to {spec.precision}")
+    if spec.block and scheme != "dynamic":
+        raise ClefError(f"weights {spec}: blockwise weights are read by the FULLY_CONNECTED itself (scheme dynamic)")
     src = Path(src)
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(src)))
     metadata_buffers = {entry.buffer for entry in model.metadata or []}
-    weights = {} if precision == "fp32" else _weight_tensors(model)
+    weights_found = {} if spec.precision == "fp32" else _weight_tensors(model)
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        encoded: dict[int, tuple] = {}  # buffer -> (new buffer, type, scales or None)
+        encoded: dict[int, tuple] = {}  # buffer -> (new buffer, type, row scales or None, block scales buffer)
         sources: dict[int, model_writer.Source] = {}
-        kept = float_bytes = stored_bytes = 0
-        for b in weights:
+        kept = float_bytes = stored_bytes = selections = 0
+        for b in weights_found:
             w = _read(mm, model.buffers[b])
-            shape = [int(d) for d in model.subgraphs[weights[b][0][0]].tensors[weights[b][0][1]].shape]
-            if precision == "fp16":
-                values, scales, dtype = encode_fp16(w), None, schema.TensorType.FLOAT16
-            else:
-                pair = encode_int8(w.reshape(shape[0], -1)) if len(shape) == 2 else None
-                values, scales = pair if pair is not None else (None, None)
-                dtype = schema.TensorType.INT8
-            if values is None:
+            shape = [int(d) for d in model.subgraphs[weights_found[b][0][0]].tensors[weights_found[b][0][1]].shape]
+            if scheme == "dynamic" and is_selection(w):
+                selections += 1
+                continue
+            found = _encode(w, shape, spec)
+            if found is None:
                 kept += 1
                 continue
-            data = values.tobytes()
+            data, dtype, scales, block_scales = found
             index = model_writer.external(model, len(data))
             sources[index] = data
-            encoded[b] = (index, dtype, scales)
+            scales_buffer = None
+            if block_scales is not None:
+                scales_buffer = model_writer.external(model, block_scales.nbytes)
+                sources[scales_buffer] = block_scales.tobytes()
+            encoded[b] = (index, dtype, scales, (scales_buffer, list(block_scales.shape)) if scales_buffer else None)
             float_bytes += w.nbytes
-            stored_bytes += len(data) + (scales.nbytes if scales is not None else 0)
+            stored_bytes += len(data) + sum(x.nbytes for x in (scales, block_scales) if x is not None)
         dequantize = _opcode(model, schema.BuiltinOperator.DEQUANTIZE) if encoded and scheme == "weight_only" else None
         added: dict[int, list] = {}  # subgraph -> (tensor, DEQUANTIZE op)
         still_read = set()
-        for b, users in weights.items():
+        for b, users in weights_found.items():
             if b not in encoded:
                 continue
-            index, dtype, scales = encoded[b]
+            index, dtype, scales, blocks = encoded[b]
             for si, ti in users:
                 sg = model.subgraphs[si]
                 t = sg.tensors[ti]
                 if scheme == "dynamic":
-                    # the FULLY_CONNECTED reads the int8 weight itself, from a rank-2 input
-                    sg.tensors[ti] = _stored_tensor(t, precision, dtype, index, scales)
+                    # the FULLY_CONNECTED reads the integer weight itself, from a rank-2 input
+                    sg.tensors[ti] = _stored_tensor(t, str(spec), dtype, index, scales)
+                    if blocks is not None:
+                        _blockwise(sg, sg.tensors[ti], blocks[0], blocks[1], spec.block)
                     for reader in [op for op in sg.operators if ti in _inputs(op)]:
                         if tflite_file.op_name(model, reader) == "FULLY_CONNECTED" and flattened_inputs(sg, reader):
                             _flatten_input(model, sg, reader)
@@ -262,7 +372,7 @@ def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
                         sg.tensors.append(expanded)
                         out = len(sg.tensors) - 1
                         reader.inputs = [out if i == ti else i for i in _inputs(reader)]
-                    sg.tensors.append(_stored_tensor(t, precision, dtype, index, scales))
+                    sg.tensors.append(_stored_tensor(t, str(spec), dtype, index, scales))
                     op = schema.OperatorT()
                     op.opcodeIndex, op.inputs, op.outputs = dequantize, [len(sg.tensors) - 1], [out]
                     added.setdefault(si, []).append((out, op))
@@ -286,4 +396,14 @@ def store(src, dst, precision: str, scheme: str = "weight_only") -> Stored:
                 sources[i] = bytes(buffer.data)
                 buffer.data, buffer.offset, buffer.size = None, model_writer.OFFSET_PLACEHOLDER, len(sources[i])
         written = model_writer.write(model, sources, dst)
-    return Stored(precision, scheme, len(encoded), kept, float_bytes, stored_bytes, written)
+    return Stored(
+        str(spec),
+        scheme,
+        len(encoded),
+        kept,
+        float_bytes,
+        stored_bytes,
+        written,
+        spec.block,
+        selections if scheme == "dynamic" else None,
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.checks import records
@@ -35,9 +36,11 @@ def gpu_depth(layers: str, source: str) -> str:
 
 HOST_WEIGHT_MODES = ("include", "reference")
 RELEASE_LAYOUTS = ("bundle", "files")  # one .tflite with every signature, or a .tflite per graph
-# How a graph stores its Linear weights (scripts/layers/weight_precision.py): float32, float16, or int8
-# per output channel; the compute stays float32 on the CPU.
-WEIGHT_PRECISIONS = ("fp32", "fp16", "int8")
+# How a graph stores its Linear weights (scripts/layers/weight_precision.py): float32, float16, int8 per
+# output channel, int4 per output channel or in blocks of INT4_BLOCKS along the input (`int4b32`).
+WEIGHT_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+INT4_BLOCKS = (32, 64, 128, 256)
+_WEIGHTS = re.compile(r"([a-z]+[0-9]+)(?:b([0-9]+))?")
 # Where a graph's decision figures are measured (scripts/checks/decision_check.py): the LiteRT CPU
 # interpreter at the release's weights, and each mode of the GPU accelerator.
 DECISION_PLACES = ("cpu", "gpu_fp32", "gpu_fp16", "gpu_mixed")
@@ -120,6 +123,74 @@ def pattern(regex: re.Pattern, what: str):
         return value
 
     return check
+
+
+@dataclass(frozen=True)
+class Weights:
+    """params.yaml `weights` read: the precision, and int4's block along the input dimension (None: one
+    scale per output row). Spelt `int4b32`; str() gives the spelling back."""
+
+    precision: str
+    block: int | None = None
+
+    def __str__(self) -> str:
+        return self.precision + (f"b{self.block}" if self.block else "")
+
+
+def parse_weights(text) -> Weights:
+    """A `weights` spelling -> Weights, or a ClefError naming what is wrong. Blockwise int8 is refused:
+    LiteRT's GPU accelerator aborts the process on a blockwise int8 FULLY_CONNECTED weight (ML Drift's
+    builder ends in ABSL_LOG(FATAL)), and per-row int8 is what every runtime reads."""
+    m = _WEIGHTS.fullmatch(text) if isinstance(text, str) else None
+    if m is None or m.group(1) not in WEIGHT_PRECISIONS:
+        raise ClefError(
+            f"weights {text!r} is not one of {', '.join(WEIGHT_PRECISIONS)} (int4 may take a block: int4b32)"
+        )
+    precision, block = m.group(1), m.group(2) and int(m.group(2))
+    if block is not None and precision == "int8":
+        raise ClefError(
+            f"weights {text}: blockwise int8 is refused (LiteRT's GPU accelerator aborts the process on it); "
+            "int8 is per output channel"
+        )
+    if block is not None and precision != "int4":
+        raise ClefError(f"weights {text}: a block applies to int4 only")
+    if block is not None and block not in INT4_BLOCKS:
+        raise ClefError(f"weights {text}: block {block} is not one of {', '.join(map(str, INT4_BLOCKS))}")
+    return Weights(precision, block)
+
+
+def block_unfit(weights: str, tensor: str, inputs: int) -> str | None:
+    """Why a Linear weight with `inputs` inputs cannot be stored at `weights` in blocks, or None."""
+    spec = parse_weights(weights)
+    if spec.block and inputs % spec.block:
+        return f"weights {spec}: {tensor} has {inputs} inputs, not a multiple of the block {spec.block}"
+    return None
+
+
+def weights_text(value, name: str) -> str:
+    try:
+        parse_weights(value)
+    except ClefError as exc:
+        raise ClefError(f"params.yaml: {name}: {exc}") from None
+    return value
+
+
+def pipeline_weights(value, name: str) -> str:
+    """The weights the pipeline's graphs are stored at: a spelling, and not blockwise. Blockwise int4 is
+    read by the FULLY_CONNECTED itself only (XNNPACK's dynamic kernels on the CPU, which quantize the
+    activations too), and the pipeline's CPU checks hold the graphs to float32 rounding."""
+    if parse_weights(weights_text(value, name)).block:
+        raise ClefError(
+            f"params.yaml: {name} {value}: blockwise int4 runs only as the CPU's dynamic kernels, which the "
+            "pipeline's checks do not hold to float32 rounding; make weights-bench measures it"
+        )
+    return value
+
+
+def weights_list(value, name: str) -> list[str]:
+    if not isinstance(value, list) or len(set(map(str, value))) != len(value):
+        raise ClefError(f"params.yaml: {name} {value!r} is not a list of distinct weights")
+    return [weights_text(v, f"{name} entry") for v in value]
 
 
 def kernel_form_text(value, name: str) -> str:
@@ -296,7 +367,7 @@ SCHEMA = {
             "held_to_floor": subset_of(*GPU_HALF_MODES),
         }
     ),
-    "weights": one_of(*WEIGHT_PRECISIONS),
+    "weights": pipeline_weights,
     "decision": mapping(
         {
             "scored_tokens": count,
@@ -304,7 +375,7 @@ SCHEMA = {
             "max_kld_mean": mapping({place: THRESHOLD for place in DECISION_PLACES}),
             "min_same_top": mapping({place: fraction for place in DECISION_PLACES}),
             "enforced": subset_of(*DECISION_PLACES),
-            "held_at_weights": subset_of(*WEIGHT_PRECISIONS),
+            "held_at_weights": weights_list,
         }
     ),
     "bundle": mapping({"bytes_goal_over_graph": factor, "memory_goal_over_graph": factor}),

@@ -712,7 +712,12 @@ def weights_table(doc: dict) -> str:
             [
                 f"`{name}`",
                 f"{v['bytes']:,} ({doc['bytes_over_fp32'][name]:.3f}x)",
-                f"{e(v['conversion']['max_rel_vs_torch'])} / {e(v['conversion']['max_rel_per_position_vs_torch'])}",
+                f"{e(v['conversion']['max_rel_vs_torch'])} / {e(v['conversion']['max_rel_per_position_vs_torch'])}"
+                + (
+                    f"; its arithmetic {e(arith['max_rel_vs_torch'])} / {e(arith['max_rel_per_position_vs_torch'])}"
+                    if (arith := v.get("cpu_arithmetic"))
+                    else ""
+                ),
                 f"{e(vs['max_rel'])}" if vs else "-",
                 f"{effect['min_top1_agreement']:.3f} / {effect['min_top5_agreement']:.3f} / {e(effect['max_mean_kl'])}",
                 f"{cpu['litert_median_s'] * 1e3:.1f} ms ({doc['litert_speedup_over_fp32'][name]:.2f}x); "
@@ -734,7 +739,7 @@ def weights_table(doc: dict) -> str:
     header = [
         "weights",
         "bytes",
-        "conversion error (CPU; global / per position)",
+        "conversion error (CPU; global / per position; dynamic: and against the CPU's arithmetic)",
         "vs the fp32 graph",
         "vs unquantized: top-1 / top-5 agreement / mean KL",
         "LiteRT CPU",

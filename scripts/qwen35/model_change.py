@@ -8,7 +8,9 @@ What it can change, each named by a keyword:
   boundary (scripts/checks/controls.py says why a check runs it);
 - pad_guard=False: the other control's fault, pads that decay the state (per instance, not per class);
 - split_over: every nn.Linear of the model over that many bytes as row blocks (split_linear; exact);
-- count_interleave: the ClefGatedDeltaNets' interleave_heads calls counted.
+- count_interleave: the ClefGatedDeltaNets' interleave_heads calls counted;
+- dynamic_activations: every nn.Linear reads its input as the CPU's dynamic kernels quantize it
+  (scripts/layers/dynamic_activations.py: the CPU's reference for int8 and int4 graphs).
 
 A model built once for one form and kept (patch.load, a float64 reference) is made with patch.patch and
 gated_delta.set_form; this is for everything that must not outlive a block.
@@ -21,7 +23,7 @@ import dataclasses
 
 from torch import nn
 
-from scripts.layers import gated_delta, split_linear
+from scripts.layers import dynamic_activations, gated_delta, split_linear
 from scripts.layers.kernel_form import Form
 from scripts.pipeline.errors import ClefError
 from scripts.qwen35 import patch as row_patch
@@ -67,6 +69,24 @@ def _instance_attribute(modules: list, name: str, value):
                 setattr(m, name, old)
 
 
+@contextlib.contextmanager
+def _linear_inputs_quantized(model: nn.Module):
+    """Each nn.Linear of `model` fed dynamic_activations.quantized_rows of its input inside the block; the
+    hooks removed after. A model with no Linear is refused (the change would change nothing)."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ClefError(f"dynamic_activations: {type(model).__name__} holds no nn.Linear")
+    hooks = [
+        m.register_forward_pre_hook(lambda _m, args: (dynamic_activations.quantized_rows(args[0]), *args[1:]))
+        for m in linears
+    ]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def _clef_deltanets(model: nn.Module, what: str) -> list:
     """The row graph's GatedDeltaNets in `model`; a change that would find none (and so change nothing,
     silently) is refused."""
@@ -86,6 +106,7 @@ def changed(
     pad_guard: bool = True,
     split_over: int | None = None,
     count_interleave: bool = False,
+    dynamic_activations: bool = False,
 ):
     """`model` changed as the keywords say inside the block (the module docstring lists them); -> Changes."""
     done = Changes()
@@ -115,4 +136,6 @@ def changed(
 
             counted_layers = _clef_deltanets(model, "count_interleave")
             stack.enter_context(_instance_attribute(counted_layers, "interleave_heads", counted))
+        if dynamic_activations:
+            stack.enter_context(_linear_inputs_quantized(model))
         yield done

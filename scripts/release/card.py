@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.pipeline.errors import ClefError
+from scripts.pipeline.params import parse_weights
 
 if TYPE_CHECKING:
     from scripts.pipeline.mappings import ForeignJson
@@ -160,8 +161,17 @@ def own_file(artifact: dict, bundle: dict | None) -> str:
 WEIGHTS_SAID = {
     "fp32": "Weights and arithmetic fp32",
     "fp16": "Linear weights stored as fp16 (the checkpoint's bf16 values), arithmetic fp32",
-    "int8": "Linear weights stored as int8, one scale per output channel, arithmetic fp32",
+    "int8": "Linear weights stored as int8, one scale per output channel, read by the FULLY_CONNECTEDs "
+    "themselves (on the CPU, XNNPACK's dynamic kernels also quantize each input row to int8)",
+    "int4": "Linear weights stored as int4, one scale per output channel or, where the weights name a block "
+    "(int4b32), a float16 scale per block of a row, read by the FULLY_CONNECTEDs themselves (on the CPU, "
+    "XNNPACK's dynamic kernels also quantize each input row to int8)",
 }
+
+
+def weights_said(weights: str) -> str:
+    """The card's sentence for params.yaml `weights` (a spelling: int4b32 is said as int4)."""
+    return WEIGHTS_SAID[parse_weights(weights).precision]
 
 
 # ---- what the checkpoint's own card states -----------------------------------------------------------
@@ -240,7 +250,7 @@ def render(
         f"# {name}",
         "",
         f"LiteRT graphs of the text stack of `{rec.repo}` at revision `{rec.revision}` "
-        f"(source: {rec.source}), GatedDeltaNet kernel form `{form}`. {WEIGHTS_SAID[weights]}; the "
+        f"(source: {rec.source}), GatedDeltaNet kernel form `{form}`. {weights_said(weights)}; the "
         "embedding lookup, the M-RoPE tables and the lm_head run on the host.",
         "",
         *license_lines(rec.repo, theirs),
