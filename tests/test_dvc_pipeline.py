@@ -730,11 +730,12 @@ def remote_keys(clone: Path) -> set[str]:
 
 
 def test_form_and_weights_overrides_reach_every_stage_that_reads_them(pulled_clone):
-    """`dvc exp run -S form=... -S weights=int8` (on one length and one pair, to stay fast, and the `files`
+    """`dvc exp run -S form=... -S weights=int4` (on one length and one pair, to stay fast, and the `files`
     release layout): every stage that reads the form reruns with it and records it in what it writes, and
-    int8 weights pass every check they meet: the graphs hold int8 weights and say so, the conversion error
-    is within today's bounds, the GPU accelerator's refusal is recorded naming the op, and the release
-    verifies. (One run for both: each exp run of the pipeline is minutes.)"""
+    int4 weights (the pipeline's scheme: a DEQUANTIZE before each reader; int8 takes the same path with
+    other codes) pass every check they meet: the graphs hold int4 weights and say so, the conversion error
+    is within today's bounds, the GPU accelerator's refusal is recorded naming the stored type, and the
+    release verifies. (One run for both: each exp run of the pipeline is minutes.)"""
     repo, form = pulled_clone, "R32+sp+ec+dd+vs6"
     out = dvc(
         repo,
@@ -751,7 +752,7 @@ def test_form_and_weights_overrides_reach_every_stage_that_reads_them(pulled_clo
         "-S",
         "release.layout=files",  # the other layout, end to end: a .tflite per graph
         "-S",
-        "weights=int8",
+        "weights=int4",
     )
     params = load_params(repo)
     assert params["form"] == form and params["lengths"] == [64]
@@ -776,17 +777,17 @@ def test_form_and_weights_overrides_reach_every_stage_that_reads_them(pulled_clo
         "release",
     }, "only the graphs, their checks and what packages them depend on the weights' precision"
     for stage in weighed:
-        assert lock[stage]["params"]["params.yaml"]["weights"] == "int8", stage
+        assert lock[stage]["params"]["params.yaml"]["weights"] == "int4", stage
     row = repo / "artifacts/rows/row_L64.tflite"
-    assert tflite_file.read_metadata(row)["weights"] == "int8"
-    assert set(tflite_file.census(row)["fully_connected_weights"]) <= {"INT8", "FLOAT32"}
+    assert tflite_file.read_metadata(row)["weights"] == "int4"
+    assert set(tflite_file.census(row)["fully_connected_weights"]) <= {"INT4", "FLOAT32"}
     checked = json.loads((repo / "results/tflite_L64.json").read_text())
     assert checked["passed"] and checked["max_rel_vs_torch"] <= checked["thresholds"]["rel_vs_torch"]
     assert checked["quantization_effect"]["max_rel_vs_unquantized_f64"] > 10 * checked["max_rel_vs_torch"]
     gpu = json.loads((repo / "results/gpu/gpu_row_L64.json").read_text())
-    assert gpu["refused"].startswith("DEQUANTIZE of an int8 weight into FULLY_CONNECTED"), gpu
+    assert gpu["refused"].startswith("FULLY_CONNECTED weights stored INT4 ("), gpu
     manifest = json.loads((repo / "artifacts/release/manifest.json").read_text())
-    assert manifest["weights"] == "int8" and manifest["name"].endswith("-int8")
+    assert manifest["weights"] == "int4" and manifest["name"].endswith("-int4")
     assert manifest["form"] == form and manifest["params"]["form"] == form
     assert manifest["layout"] == "files" and manifest["bundle"] is None
     assert {a["file"] for a in manifest["artifacts"].values()} == {"rows/row_L64.tflite", "pairs/pair_P64_S64.tflite"}

@@ -428,17 +428,18 @@ def test_sections_are_sized_by_the_weights_the_accelerator_holds_not_their_store
     """The GPU accelerator expands a stored fp16 weight to float32: an fp16 graph is cut where its fp32
     twin is. Broken once (cut by stored bytes): at real width each fp16 section held twice the weights it
     was sized for, and verify_gpu overran its memory budget. At a limit just over one fp32 weight the fp32
-    graph needs a section per weight, and by stored bytes the fp16 graph's two weights would fit in one."""
+    graph needs a section per weight, and by stored bytes the fp16, int8 or int4 graph's two weights would
+    fit in one (int4 was counted at its stored bytes until it was given its expansion, 8x)."""
     from scripts.litert import sections
 
     limit = 300_000  # one weight: 128 x 512 x 4 = 262,144 bytes in float32, 131,072 in float16
     counts = {}
-    for precision in ("fp32", "fp16"):
+    for precision in ("fp32", "fp16", "int8_weight_only", "int4_weight_only"):
         _, path, _ = graphs[precision]
         (plan,) = sections.plan(tflite_file.read_head(path), limit)
         counts[precision] = len(plan.sections)
         assert all(s.constant_bytes <= limit for s in plan.sections), (precision, plan.sections)
-    assert counts["fp16"] == counts["fp32"] >= 2, counts
+    assert counts["int4_weight_only"] == counts["int8_weight_only"] == counts["fp16"] == counts["fp32"] >= 2, counts
 
 
 class Tied(torch.nn.Module):

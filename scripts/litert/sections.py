@@ -65,7 +65,8 @@ class SignaturePlan:
 
 
 # bytes per element of a weight's stored type (scripts/litert/weight_storage.py); the accelerator expands it
-_STORED_ITEM_BYTES = {schema.TensorType.FLOAT16: 2, schema.TensorType.INT8: 1}
+# how many times its stored bytes a weight read by a DEQUANTIZE takes once expanded to float32
+_EXPANSION = {schema.TensorType.FLOAT16: 2, schema.TensorType.INT8: 4, schema.TensorType.INT4: 8}
 
 
 def _held_bytes(model, sg) -> dict[int, int]:
@@ -78,9 +79,9 @@ def _held_bytes(model, sg) -> dict[int, int]:
     for op in sg.operators:
         reads = _reads(op)
         if reads and held[reads[0]] and tflite_file.op_name(model, op) == "DEQUANTIZE":
-            item = _STORED_ITEM_BYTES.get(sg.tensors[reads[0]].type)
-            if item:
-                held[reads[0]] = held[reads[0]] * 4 // item
+            grows = _EXPANSION.get(sg.tensors[reads[0]].type)
+            if grows:
+                held[reads[0]] = held[reads[0]] * grows
     return held
 
 
