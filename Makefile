@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Stages call `python` and `dvc`: the venv's, whoever runs make.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: lock release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench train-tiny train-tiny-check corpus-manifest
+.PHONY: lock release readme test test-fast lint env vulkan keys real-width bench gpu-bench gpu-parts gpu-mixed bundle-memory weights-bench quantization-trace train-tiny train-tiny-check corpus-manifest
 
 env: $(STAMP) vulkan .dvc/plots.html
 
@@ -97,6 +97,11 @@ bundle-memory: env
 # release against its twin at the other of fp32 / fp16 (after make release). A benchmark: not part of `make test`.
 weights-bench: env
 	python -m scripts.bench.weights_bench
+
+# results/quantization_trace.json: which Linears cost the decisions at int8, int4 and int4b32, each role and
+# layer quantized alone in torch (after make release). A benchmark: not part of `make test`.
+quantization-trace: env
+	python -m scripts.bench.quantization_trace
 
 # The embedded checkpoint trained on the corpus's train part (scripts/checkpoint/train_tiny.py, ~25 min on 2 quiet cores, 41 min beside other work),
 # then its held-out quality beside a bigram (results/tiny_quality.json). Committed: make release never retrains.

@@ -524,3 +524,38 @@ def test_the_decisions_table_gives_each_graph_and_place_with_its_bound(workspace
     atomic.write_json(workspace / layout.gpu_result_path("gpu_row_L64"), record)
     summary = readme.decision_summary_table(readme.read_metrics(workspace))
     assert "(recorded): **not met**" in summary and "set **fp32**" in summary
+
+
+def test_the_quantization_trace_table_gives_every_group_at_every_precision(tmp_path):
+    """Each role and layer quantized alone, beside every Linear at once, at each traced precision; without the
+    trace's record the render names the command that makes it."""
+    doc = "<!-- generated: quantization_trace -->\n<!-- end generated: quantization_trace -->\n"
+    with pytest.raises(ClefError, match="run `make quantization-trace` first"):
+        readme.render(doc, tmp_path)
+
+    def figures(kld, same):
+        return {"kld_mean": kld, "same_top": same}
+
+    def group(n, kld, same):
+        return {"linears": n, "decision": figures(kld, same)}
+
+    trace = {
+        "source": "tiny",
+        "L": 64,
+        "scored_tokens": 8192,
+        "measured_utc": "2026-12-07T12:00:00Z",
+        "precisions": {
+            w: {
+                "all_linears": figures(k, 0.8),
+                "by_role": {"mlp.down_proj": group(8, k / 4, 0.95)},
+                "by_layer": {"0": group(7, k / 8, 0.97)},
+            }
+            for w, k in (("int8", 7.3e-4), ("int4", 0.27))
+        },
+    }
+    atomic.write_json(tmp_path / layout.result_path("quantization_trace"), trace)
+    text, _ = readme.render(doc, tmp_path)
+    assert "| `int4`: mean KLD / same top | `int8`: mean KLD / same top |" in text, text  # the record's order
+    assert "| every Linear | all | 2.7e-01 / 80.00 % | 7.3e-04 / 80.00 % |" in text, text
+    assert "| `mlp.down_proj` | 8 | 6.8e-02 / 95.00 % | 1.8e-04 / 95.00 % |" in text, text
+    assert "| layer 0 | 7 | 3.4e-02 / 97.00 % | 9.1e-05 / 97.00 % |" in text, text

@@ -765,6 +765,41 @@ def decision_cell(f: dict | None) -> str:
 WEIGHTS_TABLES = {"weights": weights_table}  # from results/weights.json (make weights-bench)
 
 
+def read_trace(root: Path) -> dict:
+    path = root / layout.result_path("quantization_trace")
+    if not path.is_file():
+        raise ClefError(f"no {path}: run `make quantization-trace` first")
+    return json.loads(path.read_text())
+
+
+def trace_table(doc: dict) -> str:
+    """Each group of Linears quantized alone at each traced precision (scripts/bench/quantization_trace.py):
+    mean KLD / same top, every Linear first, then each role over the layers, then each layer."""
+    precisions = list(doc["precisions"])
+    rows = [("every Linear", {w: doc["precisions"][w]["all_linears"] for w in precisions}, "all")]
+    for kind in ("by_role", "by_layer"):
+        first = doc["precisions"][precisions[0]][kind]
+        for name in first:
+            label = f"`{name}`" if kind == "by_role" else f"layer {name}"
+            rows.append(
+                (label, {w: doc["precisions"][w][kind][name]["decision"] for w in precisions}, first[name]["linears"])
+            )
+    body = [
+        [label, str(n), *(f"{e(f[w]['kld_mean'])} / {percent(f[w]['same_top'])}" for w in precisions)]
+        for label, f, n in rows
+    ]
+    line = (
+        f"From `make quantization-trace` at {doc['measured_utc']} on `{doc['source']}`: the torch row graph "
+        f"L={doc['L']} over {doc['scored_tokens']:,} held-out tokens against stock float64, one group of Linears "
+        "at the precision and the rest at the checkpoint's weights; `results/quantization_trace.json`."
+    )
+    header = ["Linears quantized", "how many", *(f"`{w}`: mean KLD / same top" for w in precisions)]
+    return f"{line}\n\n{table(header, body)}"
+
+
+TRACE_TABLES = {"quantization_trace": trace_table}  # from results/quantization_trace.json
+
+
 def read_latency(root: Path) -> LatencyReport:
     path = root / layout.result_path("latency")
     if not path.is_file():
@@ -939,6 +974,7 @@ def block_names() -> list[str]:
         *TABLES,
         *BENCH_TABLES,
         *WEIGHTS_TABLES,
+        *TRACE_TABLES,
         *LATENCY_TABLES,
         *DVC_TABLES,
         *(f"picture_{k}" for k in PICTURES),
@@ -976,6 +1012,8 @@ def render(
             body = f"{bench_line(bench)}\n\n{BENCH_TABLES[name](bench)}"
         elif name in WEIGHTS_TABLES:
             body = WEIGHTS_TABLES[name](read_weights(root))
+        elif name in TRACE_TABLES:
+            body = TRACE_TABLES[name](read_trace(root))
         elif name in LATENCY_TABLES:
             body = LATENCY_TABLES[name](read_latency(root))
         elif name in DVC_TABLES:
