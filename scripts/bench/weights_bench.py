@@ -186,6 +186,11 @@ class VariantConversion(Record):
     max_rel_per_position_vs_torch: float
     rows: list[dict]
 
+    @classmethod
+    def of(cls, rows: list[dict]) -> VariantConversion:
+        """The record of compare.figures("vs_torch", ...) rows: their worst of each figure, and the rows."""
+        return cls(compare.worst(rows, "rel_vs_torch"), compare.worst(rows, "rel_per_position_vs_torch"), rows)
+
 
 @dataclasses.dataclass(frozen=True)
 class VsFp32Graph(Record):
@@ -283,11 +288,7 @@ def measure(
         applied=info["weights"].to_json(),
         convert_seconds=convert_s,
         census={k: v for k, v in census.items() if k in ("op_total", "ops", "dtypes")},
-        conversion=VariantConversion(
-            max_rel_vs_torch=compare.worst(conversion, "rel_vs_torch"),
-            max_rel_per_position_vs_torch=compare.worst(conversion, "rel_per_position_vs_torch"),
-            rows=conversion,
-        ),
+        conversion=VariantConversion.of(conversion),
         quantization_effect=quantization_effect.summary(effect),
         vs_fp32_graph=VsFp32Graph(
             max_rel=compare.worst(storage_alone, "rel_vs_fp32_graph"),
@@ -306,13 +307,7 @@ def measure(
         ),
         gpu=gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
         decision=scored.of([tflite_check.run(runner, r)[0] for r in scored.inputs]) if scored else None,
-        cpu_arithmetic=VariantConversion(
-            max_rel_vs_torch=compare.worst(arithmetic, "rel_vs_torch"),
-            max_rel_per_position_vs_torch=compare.worst(arithmetic, "rel_per_position_vs_torch"),
-            rows=arithmetic,
-        )
-        if arithmetic
-        else None,
+        cpu_arithmetic=VariantConversion.of(arithmetic) if arithmetic else None,
     )
     if not base and precision == "fp32":
         base.update(outputs=outputs, graph=lite, runner=runner)  # closed by main, after every variant

@@ -128,12 +128,6 @@ def encode_rows(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray] | N
     return None
 
 
-def encode_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    from scripts.layers.weight_precision import INT8_LEVELS
-
-    return encode_rows(w, INT8_LEVELS)
-
-
 def encode_blocks(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray] | None:
     """float32 [out, in] values -> (int4 codes in int8, float16 scales [out, in / block]) with codes x scales
     == w exactly, or None: weight_precision's formula (float16 scales hold their product exactly)."""
@@ -159,13 +153,6 @@ def pack_int4(codes: np.ndarray) -> np.ndarray:
     if flat.size % 2:
         flat = np.append(flat, np.uint8(0))
     return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
-
-
-def unpack_int4(data: np.ndarray, count: int) -> np.ndarray:
-    """pack_int4's inverse: `count` int4 codes as int8."""
-    nibbles = np.empty(data.size * 2, np.uint8)
-    nibbles[0::2], nibbles[1::2] = data & 0xF, data >> 4
-    return ((nibbles[:count].astype(np.int8) << 4) >> 4).astype(np.int8)
 
 
 def _ulps(x: np.ndarray, k: int) -> np.ndarray:
