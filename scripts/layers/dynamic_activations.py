@@ -4,9 +4,10 @@ A FULLY_CONNECTED that reads integer weights itself (scripts/litert/weight_stora
 scheme) runs on the CPU as XNNPACK's dynamic kernels: each row of the input (one position) is
 quantized to int8, asymmetrically, from its own range, and the products are accumulated in integers.
 `quantized_rows` gives the float values that quantization leaves, so a torch model whose Linears
-read them (model_change.changed(dynamic_activations=True)) computes what the CPU computes to float32
-rounding: the CPU's reference at the checks' usual bounds. The GPU accelerator reads the same weights
-with float activations: its reference is the plain model.
+read them (model_change.changed(dynamic_activations=True)) computes the CPU's arithmetic: to float32
+rounding for one position, while over many positions a few codes that float32's reordering puts on
+the other side of a rounding boundary move the result by whole int8 steps (docs/release.md, "Weights").
+The GPU accelerator reads the same weights with float activations: its reference is the plain model.
 
 The rule is XNNPACK's (xnn_f32_qd8_asymmetric_quantization_params): the range is widened to hold 0,
 inv_scale = 255 / (max - min), the zero point taken from the end with the smaller error, clamped to

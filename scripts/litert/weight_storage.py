@@ -3,14 +3,15 @@
 scripts/layers/weight_precision.py replaces each Linear weight with the values its stored form
 stands for before the conversion, so the converter writes those values as float32. `store` finds
 each FULLY_CONNECTED's constant weight and, where every element round-trips exactly, stores it as
-float16 or as int8 codes with one scale per output row, read by a DEQUANTIZE op placed just before
-each op that uses the weight (one per reader, all of one stored buffer: a graph cut into sections
-keeps each weight beside its reader, and any cut between two readers stays open). It
-is the form TensorFlow Lite's own float16 and weight-only quantization writes; the CPU and GPU
-accelerators fold it into the weights when they load the graph. A weight that does not round-trip
-is kept as float32 and counted, never rounded here: this step changes no value.
+float16 or as int8 or int4 codes with one scale per output row, read by a DEQUANTIZE op placed just
+before each op that uses the weight (the `weight_only` scheme, the pipeline's; one DEQUANTIZE per
+reader, all of one stored buffer: a graph cut into sections keeps each weight beside its reader, and
+any cut between two readers stays open). It is the form TensorFlow Lite's own float16 and weight-only
+quantization writes; the CPU accelerator folds it into the weights when it loads the graph, the GPU
+accelerator only a float16 one. A weight that does not round-trip is kept as float32 and counted,
+never rounded here: this step changes no value.
 
-`dynamic` (int8's and int4's scheme: DEFAULT_SCHEME) instead gives the FULLY_CONNECTED the integer
+`dynamic` (int8 and int4; the weights bench's) instead gives the FULLY_CONNECTED the integer
 weight itself, as ai-edge-quantizer's dynamic recipes write it: int8 or packed int4 (two codes a byte,
 the even element in the low nibble) with one scale per output row on the tensor, or int4 with a
 float16 scale per block of a row (TensorFlow Lite's BlockwiseQuantization: a scales tensor
@@ -20,7 +21,7 @@ rounding. The GPU accelerator reads the per-row forms in the shader with float a
 from a rank-2 input: a FULLY_CONNECTED that flattens a higher-rank input itself (keep_num_dims false)
 compiles and answers wrong, or fails to build a kernel (`flattened_inputs`). So each such reader is
 given its input through a RESHAPE to [rows, in] first, which changes no value. Blockwise int4 aborts
-the GPU accelerator's process (gpu_check.blockwise_refusal keeps it off the GPU).
+the GPU accelerator's process (gpu_accelerator.compile refuses it before the accelerator sees it).
 """
 
 from __future__ import annotations
@@ -294,7 +295,7 @@ def _encode(w: np.ndarray, shape: list[int], spec) -> tuple[bytes, int, np.ndarr
 
 def store(src, dst, weights: str, scheme: str | None = None) -> Stored:
     """The graph `src` with its Linear weights stored at `weights` (a params.yaml spelling), by `scheme`
-    (DEFAULT_SCHEME's for the precision when None), written atomically to `dst`."""
+    (None: weight_only, the pipeline's), written atomically to `dst`."""
     spec = parse_weights(weights)
     scheme = scheme or "weight_only"
     if spec.precision not in SCHEMES.get(scheme, ()):

@@ -10,7 +10,7 @@ What it can change, each named by a keyword:
 - split_over: every nn.Linear of the model over that many bytes as row blocks (split_linear; exact);
 - count_interleave: the ClefGatedDeltaNets' interleave_heads calls counted;
 - dynamic_activations: every nn.Linear reads its input as the CPU's dynamic kernels quantize it
-  (scripts/layers/dynamic_activations.py: the CPU's reference for int8 and int4 graphs).
+  (scripts/layers/dynamic_activations.py: the CPU's arithmetic for graphs of the dynamic scheme).
 
 A model built once for one form and kept (patch.load, a float64 reference) is made with patch.patch and
 gated_delta.set_form; this is for everything that must not outlive a block.
