@@ -32,7 +32,7 @@ def main() -> None:
         path = build / final.name
         meta = bundle_verification.metadata(rec, form, weights, metas).to_json()
         merged = bundle.merge([bundle.Part(g.path, g.signatures) for g in graphs], path, meta)
-        why = bundle_verification.gpu_not_checked_why(weights, p["verify_gpu"]["layers"], p["model"]["source"])
+        why = bundle_verification.gpu_not_checked_why(p["verify_gpu"]["layers"], p["model"]["source"])
         doc = bundle_verification.verify(path, final, graphs, merged, form, weights, p["bundle"], why)
         atomic.write_json(layout.result_path("bundle"), doc.to_json())
         metrics.write("bundle", **bundle_verification.metrics_row(doc).to_json())

@@ -10,7 +10,7 @@ import argparse
 from scripts.checkpoint import snapshot
 from scripts.checks import gpu_check, gpu_verification
 from scripts.checks.finish import finish
-from scripts.layers import kernel_form, weight_precision
+from scripts.layers import kernel_form
 from scripts.litert import sections, tflite_file
 from scripts.pipeline import layout, measure, params
 from scripts.pipeline.errors import ClefError
@@ -50,8 +50,6 @@ def main() -> None:
     if found:
         raise ClefError(f"{path}: fails the census gate before the GPU: {found[0]}")
     layout.require(layout.result_path("stack"), "stack")
-    if weight_precision.integer(p["weights"]) and (refusal := gpu_check.weights_refusal(path, census)) is not None:
-        return finish(gpu_verification.refused(of, path, census, p["weights"], form, refusal))
     config = text_stack.text_config(snap)
     layers = gpu_check.checked_layers(p["verify_gpu"]["layers"], config, p["model"]["source"])
     limit = gpu_check.section_bytes(p["verify_gpu"], measure.stack_fp32_bytes(), of.tokens)

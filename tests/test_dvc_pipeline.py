@@ -382,12 +382,12 @@ BAD_PARAMS = {
     ),
     "9-weights": (lambda p: p.update(weights="int3"), "weights 'int3' is not one of fp32, fp16, int8, int4"),
     # Issue 52: blockwise int8 (the GPU accelerator aborts on it), a block that is not one of the four, and
-    # blockwise int4 in the pipeline (read only by the CPU's dynamic kernels, which its checks do not hold)
+    # blockwise int4 in the pipeline (the GPU accelerator aborts on it; no exact CPU form for the checks)
     "52-blockwise-int8": (lambda p: p.update(weights="int8b32"), "weights int8b32: blockwise int8 is refused"),
     "52-block-size": (lambda p: p.update(weights="int4b48"), "block 48 is not one of 32, 64, 128, 256"),
     "52-blockwise-int4": (
         lambda p: p.update(weights="int4b32"),
-        "weights int4b32: blockwise int4 runs only as the CPU's dynamic kernels",
+        "weights int4b32: blockwise int4 aborts LiteRT's GPU accelerator",
     ),
     "9-model-source": (section("model", "source", "local"), "model.source 'local' is not one of tiny, synthetic, hub"),
     "9-model-revision": (section("model", "revision", "main"), "model.revision 'main' is not a full 40-hex commit id"),
@@ -732,10 +732,11 @@ def remote_keys(clone: Path) -> set[str]:
 def test_form_and_weights_overrides_reach_every_stage_that_reads_them(pulled_clone):
     """`dvc exp run -S form=... -S weights=int4` (on one length and one pair, to stay fast, and the `files`
     release layout): every stage that reads the form reruns with it and records it in what it writes, and
-    int4 weights (the pipeline's scheme: a DEQUANTIZE before each reader; int8 takes the same path with
-    other codes) pass every check they meet: the graphs hold int4 weights and say so, the conversion error
-    is within today's bounds, the GPU accelerator's refusal is recorded naming the stored type, and the
-    release verifies. (One run for both: each exp run of the pipeline is minutes.)"""
+    int4 weights (read by the FULLY_CONNECTED itself; int8 takes the same path with other codes) pass every
+    check they meet: the graphs hold int4 weights and say so, the conversion error of their exact form is
+    within today's bounds, the CPU's dynamic kernels are within theirs, the GPU accelerator runs every
+    signature whole in every mode with fp32 within today's bound, and the release verifies. (One run for
+    both: each exp run of the pipeline is minutes.)"""
     repo, form = pulled_clone, "R32+sp+ec+dd+vs6"
     out = dvc(
         repo,
@@ -781,11 +782,18 @@ def test_form_and_weights_overrides_reach_every_stage_that_reads_them(pulled_clo
     row = repo / "artifacts/rows/row_L64.tflite"
     assert tflite_file.read_metadata(row)["weights"] == "int4"
     assert set(tflite_file.census(row)["fully_connected_weights"]) <= {"INT4", "FLOAT32"}
+    assert "DEQUANTIZE" not in tflite_file.census(row)["ops"], "the FULLY_CONNECTED reads the int4 weights itself"
     checked = json.loads((repo / "results/tflite_L64.json").read_text())
     assert checked["passed"] and checked["max_rel_vs_torch"] <= checked["thresholds"]["rel_vs_torch"]
+    assert checked["max_rel_vs_torch"] < 1e-3 * checked["max_rel_dynamic_kernels"], "exact form vs as stored"
+    assert checked["max_rel_dynamic_kernels"] <= checked["thresholds"]["rel_dynamic_kernels"]
     assert checked["quantization_effect"]["max_rel_vs_unquantized_f64"] > 10 * checked["max_rel_vs_torch"]
-    gpu = json.loads((repo / "results/gpu/gpu_row_L64.json").read_text())
-    assert gpu["refused"].startswith("FULLY_CONNECTED weights stored INT4 ("), gpu
+    for name in ("gpu_row_L64", "gpu_pair_P64_S64"):
+        gpu = json.loads((repo / f"results/gpu/{name}.json").read_text())
+        assert gpu["passed"] and gpu["fully_accelerated"], (name, gpu["problems"])
+        assert gpu["fp32_max_rel_vs_torch"] <= gpu["threshold_fp32"], name
+    bundle_doc = json.loads((repo / "results/bundle.json").read_text())
+    assert bundle_doc["passed"] and bundle_doc["gpu_not_checked_why"] is None, bundle_doc["problems"]
     manifest = json.loads((repo / "artifacts/release/manifest.json").read_text())
     assert manifest["weights"] == "int4" and manifest["name"].endswith("-int4")
     assert manifest["form"] == form and manifest["params"]["form"] == form

@@ -63,15 +63,6 @@ def test_a_partial_acceleration_is_the_first_problem():
     assert result.problems[0] == "is_fully_accelerated() is false" and not result.record["passed"]
 
 
-def test_an_int8_refusal_is_recorded_not_failed():
-    of = GraphShape(None, 8, 4)
-    result = gpu_verification.refused(
-        of, Path("p.tflite"), {"signatures": {"suffix": 1, "prefix": 0}}, "int8", "R64", "no"
-    )
-    assert result.passed and result.record["refused"] == "no" and result.record["signatures"] == ["prefix", "suffix"]
-    assert result.figures == {"fully_accelerated": False, "P": 8, "S": 4}
-
-
 def test_a_first_block_missing_an_op_kind_is_refused():
     graph = SimpleNamespace(
         plans={"prefix": SimpleNamespace(unreached=[]), "suffix": SimpleNamespace(unreached=["GATHER"])}

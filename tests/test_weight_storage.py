@@ -46,8 +46,9 @@ def graph(model, precision, tmp, scheme=None):
     return out, weight_storage.store(raw, out, precision, scheme)
 
 
-def run(path) -> torch.Tensor:
-    return litert_signature(CpuGraph(path).get_signature_runner())(x=X)["y"]
+def run(path, dynamic_kernels: bool = False) -> torch.Tensor:
+    """The graph on the CPU: its exact form (integer weights read through a DEQUANTIZE), or as stored."""
+    return litert_signature(CpuGraph(path, dynamic_kernels=dynamic_kernels).get_signature_runner())(x=X)["y"]
 
 
 def exact(model) -> torch.Tensor:
@@ -66,7 +67,7 @@ def graphs(base, tmp_path_factory):
             model,
             *graph(model, precision, tmp, "dynamic" if weight_precision.integer(precision) else None),
         )
-    for precision in ("int8", "int4"):  # the pipeline's scheme: a DEQUANTIZE before each reader
+    for precision in ("int8", "int4"):  # a DEQUANTIZE before each reader (the pipeline's scheme: the fp16 one)
         out[f"{precision}_weight_only"] = (out[precision][0], *graph(out[precision][0], precision, tmp, "weight_only"))
     return out
 
@@ -175,7 +176,7 @@ def test_the_cpus_dynamic_kernels_compute_the_model_whose_linears_read_quantized
 
     model, path, stored = graphs[weights]
     assert stored.weights == 2 and stored.scheme == "dynamic" and "DEQUANTIZE" not in tflite_file.census(path)["ops"]
-    got = run(path).double()
+    got = run(path, dynamic_kernels=True).double()
     assert compare.rel(got, exact(model)) > 1e-4
     with model_change.changed(model, dynamic_activations=True):
         assert compare.rel(got, exact(model)) < 1e-5
@@ -197,7 +198,37 @@ def test_int4_blockwise_scales_off_bfloat16s_grid_break_the_cpus_reference(base,
     path, stored = graph(model, "int4b32", tmp_path, "dynamic")
     assert stored.weights == 2
     with model_change.changed(model, dynamic_activations=True):
-        assert compare.rel(run(path).double(), exact(model)) > 1e-4
+        assert compare.rel(run(path, dynamic_kernels=True).double(), exact(model)) > 1e-4
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_every_check_runs_a_dynamic_graph_in_its_exact_form(graphs, weights, tmp_path):
+    """The CPU's default (what every check runs) reads each integer weight through a DEQUANTIZE: the same
+    codes and scales, computed in float32 as torch does (the file as stored is the dynamic kernels'
+    ~1e-2, test above). The rewrite changes nothing else: the same ops but the DEQUANTIZEs, every
+    integer weight still stored once."""
+    model, path, _ = graphs[weights]
+    graph = CpuGraph(path)
+    assert graph.dequantized == 2
+    got = litert_signature(graph.get_signature_runner())(x=X)["y"].double()
+    assert compare.rel(got, exact(model)) < 1e-5
+    assert compare.rel(run(path, dynamic_kernels=True).double(), exact(model)) > 1e-4
+    twin = tmp_path / "exact.tflite"
+    assert weight_storage.dequantized(path, twin) == 2
+    before, after = tflite_file.census(path), tflite_file.census(twin)
+    assert after["ops"].pop("DEQUANTIZE") == 2 and after["ops"] == before["ops"]
+    assert after["fully_connected_weights"] == before["fully_connected_weights"]  # read through the DEQUANTIZE
+    assert abs(twin.stat().st_size - path.stat().st_size) < 4096  # the codes once, not widened
+
+
+def test_a_graph_without_integer_weights_runs_as_it_is_and_a_blockwise_one_has_no_exact_form(graphs, tmp_path):
+    _, fp16, _ = graphs["fp16"]
+    assert CpuGraph(fp16).dequantized == 0 and weight_storage.dequantized(fp16, tmp_path / "x.tflite") == 0
+    assert not (tmp_path / "x.tflite").exists()
+    _, blockwise, _ = graphs["int4b32"]
+    with pytest.raises(ClefError, match="is blockwise: no DEQUANTIZE reads it"):
+        CpuGraph(blockwise)
+    assert compare.rel(run(blockwise, dynamic_kernels=True).double(), exact(graphs["int4b32"][0])) < 1e-1
 
 
 def test_int4_codes_pack_two_a_byte_the_even_one_low():

@@ -59,15 +59,15 @@ from scripts.qwen35 import model_change, patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
 
-# (params.yaml `weights`, storage scheme): the pipeline's (weight_storage's default, None: a DEQUANTIZE
-# before each reader), and int8 and int4 read by the FULLY_CONNECTED itself (what the GPU accelerator
-# reads; XNNPACK's dynamic kernels on the CPU), blockwise int4 among them
+# (params.yaml `weights`, storage scheme): each precision through a DEQUANTIZE before each reader
+# (weight_only), and int8 and int4 read by the FULLY_CONNECTED itself (dynamic: the pipeline's scheme
+# for them, what the GPU accelerator reads; XNNPACK's dynamic kernels on the CPU), blockwise int4 among them
 VARIANTS = (
-    ("fp32", None),
-    ("fp16", None),
-    ("int8", None),
+    ("fp32", "weight_only"),
+    ("fp16", "weight_only"),
+    ("int8", "weight_only"),
     ("int8", "dynamic"),
-    ("int4", None),
+    ("int4", "weight_only"),
     ("int4", "dynamic"),
     ("int4b32", "dynamic"),
 )
@@ -77,8 +77,8 @@ GPU_REPEATS = 3
 RESULT = "weights"
 
 
-def variant_name(weights: str, scheme: str | None) -> str:
-    return weights if scheme is None else f"{weights}_{scheme}"
+def variant_name(weights: str, scheme: str) -> str:
+    return weights if scheme == "weight_only" else f"{weights}_{scheme}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +264,7 @@ def measure(
     scheme = stored.scheme
     raw.unlink()
     convert_s = clock.seconds()
-    lite = CpuGraph(path)
+    lite = CpuGraph(path, dynamic_kernels=True)  # as stored: the dynamic kernels are what is measured
     runner = lite.get_signature_runner()
     outputs = {kind: tflite_check.run(runner, inputs)[0, :n] for kind, (n, inputs) in records.items()}
     litert_s = statistics.median(tflite_check.litert_times(runner, timed, REPEATS))
@@ -460,7 +460,7 @@ def main() -> None:
     fp32_bytes = rows["fp32"].bytes
     derived = None
     if bundle is not None:
-        have = rows[variant_name(p["weights"], None)].bytes
+        have = rows[variant_name(p["weights"], weight_storage.pipeline_scheme(p["weights"]))].bytes
         derived = DerivedBundle(
             workspace_bundle_bytes=bundle["sharing"]["bytes"],
             workspace_weights=p["weights"],

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.checks import bundle_check, compare
-from scripts.layers import weight_precision
 from scripts.litert import bundle, gpu_accelerator, tflite_file
 from scripts.litert.cpu_graph import CpuGraph
 from scripts.pipeline import layout, params
@@ -70,14 +69,10 @@ def metadata(rec: SnapshotRecord, form: str, weights: str, metas: GraphMetadata)
     return BundleMetadata("bundle", rec.revision, rec.repo, rec.source, form, weights, metas)
 
 
-def gpu_not_checked_why(weights: str, depth: str, source: str) -> str | None:
+def gpu_not_checked_why(depth: str, source: str) -> str | None:
     """Why the bundle is not run on the GPU accelerator, or None where it is: verify_gpu runs whole graphs
-    (verify_gpu.layers resolving to `all` for model.source) and the accelerator takes the weights (it
-    refuses int8 and int4 read through a DEQUANTIZE: verify_gpu records it)."""
-    whole = params.gpu_depth(depth, source) == "all"
-    if weight_precision.integer(weights):
-        return f"weights {weights}: the GPU accelerator refuses the graphs (verify_gpu records the op)"
-    if not whole:
+    (verify_gpu.layers resolving to `all` for model.source); it reads every pipeline `weights` itself."""
+    if params.gpu_depth(depth, source) != "all":
         return (
             f"verify_gpu.layers resolves to block for model.source {source}: "
             "the GPU runs sections of the first block, not whole graphs"

@@ -236,25 +236,3 @@ def result(found: GpuFindings, bounds: gpu_check.GpuBounds) -> CheckResult:
     )
     where = layout.gpu_result_path(of.name)
     return CheckResult(f"verify_gpu {path.name}", of.name, doc, where, metrics_row, [line], problems)
-
-
-def refused(of: GraphShape, path: Path, census: dict, weights: str, form: str, refusal: str) -> CheckResult:
-    """An int8 graph the GPU accelerator refuses: recorded with the op it refuses, not failed (docs/release.md,
-    "Weights": an int8 release runs on the CPU accelerator; fp16 storage is what a GPU takes)."""
-    doc = {
-        "graph": str(path),
-        "form": form,
-        "weights": weights,
-        "kind": of.kind,
-        **of.shape,
-        "passed": True,
-        "problems": [],
-        "fully_accelerated": False,
-        "refused": refusal,
-        "signatures": sorted(census["signatures"]),
-    }
-    line = f"verify_gpu {path.name}: weights {weights}: the GPU accelerator refuses it: {refusal}"
-    where = layout.gpu_result_path(of.name)
-    return CheckResult(
-        f"verify_gpu {path.name}", of.name, doc, where, dict(fully_accelerated=False, **of.shape), [line]
-    )

@@ -19,12 +19,13 @@ if TYPE_CHECKING:
     from scripts.checks.record_text import RecordTokens
 
 
-def interpreter(path, threads: int | None = None):
+def interpreter(path, threads: int | None = None, dynamic_kernels: bool = False):
     """The graph on LiteRT's CPU accelerator, its packed weights shared by its signatures in a cache
-    file (scripts/litert/cpu_graph.py): the interpreter every check and command runs."""
+    file (scripts/litert/cpu_graph.py): the interpreter every check and command runs, in the graph's
+    exact form unless `dynamic_kernels` (integer weights read by XNNPACK's dynamic kernels, as stored)."""
     from scripts.litert.cpu_graph import CpuGraph
 
-    return CpuGraph(path, threads)
+    return CpuGraph(path, threads, dynamic_kernels)
 
 
 RECORD_KINDS = records.ROW_KINDS

@@ -1,5 +1,7 @@
 """verify_tflite's work for one row graph: artifacts/rows/row_L{L}.tflite in the LiteRT interpreter
-against the torch row graph (scripts/checks/tflite_check.py), with its op census read from the file,
+against the torch row graph (scripts/checks/tflite_check.py), in its exact form (integer weights read
+through a DEQUANTIZE: scripts/litert/cpu_graph.py), then, for integer weights, as stored (XNNPACK's
+dynamic kernels, which round the activations to int8) against that form, with its op census read from the file,
 its metadata, its latency and the effect of the stored weights (verify -> TfliteFindings); then judged
 into the record (TfliteRecord), its metrics row and its line, as scripts/checks/finish.py takes them
 (result). Problems: an error over a bound (global or per position), a census violation (rank > 4,
@@ -28,7 +30,7 @@ from scripts.qwen35.host import Host
 from scripts.release import references
 from scripts.release.references import ReferenceFigures
 
-BOUNDED = ("rel_vs_torch", "rel_per_position_vs_torch")
+BOUNDED = ("rel_vs_torch", "rel_per_position_vs_torch", "rel_dynamic_kernels", "rel_per_position_dynamic_kernels")
 MEMORY_CUT = (
     "the torch graph with the state zeroed at each chunk boundary, against the "
     "file (none where no record spans two chunks)"
@@ -54,8 +56,9 @@ PHASES = (
     "torch timing",
     "interpreter",
     "LiteRT records",
-    "decision windows",
     "reference record",
+    "dynamic kernels",
+    "decision windows",
     "LiteRT timing",
 )
 
@@ -117,7 +120,7 @@ def verify(
         gc.collect()
 
         phase("interpreter")
-        interp = tflite_check.interpreter(path)
+        interp = tflite_check.interpreter(path)  # the exact form: integer weights through a DEQUANTIZE
         runner = interp.get_signature_runner()
         phase("LiteRT records")
         outputs = {kind: tflite_check.run(runner, inputs) for kind, (_, inputs) in records.items()}
@@ -125,6 +128,18 @@ def verify(
             tflite_check.record_row(kind, n, outputs[kind], expected[kind]).to_json()
             for kind, (n, _) in records.items()
         ]
+        # the saved record read back through this graph: the figures the release states for it
+        phase("reference record")
+        reference = references.measure(path, "row", interp)
+        if interp.dequantized:  # the file as stored: XNNPACK's dynamic kernels, what a device's CPU runs
+            phase("dynamic kernels")
+            interp.close()
+            interp = tflite_check.interpreter(path, dynamic_kernels=True)
+            runner = interp.get_signature_runner()
+            for row, (kind, (n, inputs)) in zip(rows, records.items(), strict=True):
+                stored = tflite_check.run(runner, inputs)
+                row.update(compare.figures("dynamic_kernels", stored[0, :n], outputs[kind][0, :n]))
+                outputs[kind] = stored
         effect = [
             quantization_effect.row(kind, n, outputs[kind][0, :n], truths[kind], host)
             for kind, (n, _) in records.items()
@@ -138,13 +153,11 @@ def verify(
                 decision_check.FLOOR: decision_check.floor(host, scoring, truth),
             }
             made = decision_check.record(scoring, places, decision_section, weights)
-        # the saved record read back through this graph: the figures the release states for it
-        phase("reference record")
-        reference = references.measure(path, "row", interp)
         phase("LiteRT timing")
         timing = tflite_check.latency(
             tflite_check.litert_times(runner, timed, repeats, budget), torch_runs, repeats, budget
         )
+        interp.close()
     return TfliteFindings(
         path,
         form,
@@ -186,6 +199,9 @@ class TfliteRecord(Record):
     latency: tflite_check.Latency
     decision: DecisionRecord | None = optional()
     no_decision: str | None = optional()
+    # integer weights: the file as stored (XNNPACK's dynamic kernels) against its exact form, every record
+    max_rel_dynamic_kernels: float | None = optional()
+    max_rel_per_position_dynamic_kernels: float | None = optional()
 
 
 def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> TfliteRecord:
@@ -222,6 +238,8 @@ def record(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         found.timing,
         decision=found.decision,
         no_decision=decision_check.NO_DECISIONS if found.decision is None else None,
+        max_rel_dynamic_kernels=compare.worst(rows, "rel_dynamic_kernels"),
+        max_rel_per_position_dynamic_kernels=compare.worst(rows, "rel_per_position_dynamic_kernels"),
     )
 
 
@@ -249,7 +267,15 @@ def result(found: TfliteFindings, limits: dict[str, float], min_over: float) -> 
         f"{doc.max_rel_per_position_vs_torch:.2e} (bounds {limit:g}, {limits['rel_per_position_vs_torch']:g}); "
         f"memory-cut control {compare.shown(doc.control_memory_cut['rel_vs_torch'])}; "
         f"{census['op_total']} ops, {gdn_ops} per GatedDeltaNet, max rank {census['max_rank']}; "
-        f"torch/litert time {timing.torch_over_litert:.2f}x; weights {found.weights}: top-1 agreement with "
+        f"torch/litert time {timing.torch_over_litert:.2f}x; "
+        + (
+            f"the CPU's dynamic kernels vs the exact form {doc.max_rel_dynamic_kernels:.2e}, per position "
+            f"{doc.max_rel_per_position_dynamic_kernels:.2e} (bounds {limits['rel_dynamic_kernels']:g}, "
+            f"{limits['rel_per_position_dynamic_kernels']:g}); "
+            if doc.max_rel_dynamic_kernels is not None
+            else ""
+        )
+        + f"weights {found.weights}: top-1 agreement with "
         f"the unquantized model {doc.quantization_effect.min_top1_agreement:.3f}; "
         + (
             f"decision on {doc.decision.scored_tokens} held-out tokens: CPU "

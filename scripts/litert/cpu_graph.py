@@ -10,6 +10,14 @@ worth of disk.
 
 `CpuGraph(path).get_signature_runner(name)` is a callable on named numpy arrays returning a dict of
 numpy arrays, as the classic interpreter's signature runner is.
+
+A graph whose FULLY_CONNECTEDs read integer weights themselves (weights int8 and int4, the form the
+GPU accelerator keeps packed) runs on the CPU as XNNPACK's dynamic kernels, which round each row of
+activations to int8. Every check runs it in its exact form instead (`dynamic_kernels=False`, the
+default): the same file with each such weight read through a DEQUANTIZE
+(weight_storage.dequantized), written beside the cache, which the CPU folds into float32 weights, so it
+computes what torch and the GPU's fp32 mode compute. `dynamic_kernels=True` runs the file as stored:
+what a device's CPU runs (clef run, verify_tflite's dynamic-kernels figure, the benchmarks).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from scripts.litert import gpu_accelerator
 from scripts.pipeline.errors import ClefError
 
 CACHE_FILE = "weights.xnnpack"
+EXACT_FILE = "exact.tflite"  # the graph with its integer weights read through a DEQUANTIZE
 
 
 def default_threads() -> int:
@@ -34,11 +43,18 @@ def default_threads() -> int:
 
 
 class CpuGraph:
-    def __init__(self, path, threads: int | None = None):
+    def __init__(self, path, threads: int | None = None, dynamic_kernels: bool = False):
         self.path, self.model = Path(path), None
         if not self.path.is_file():
             raise ClefError(f"no {self.path} to run")
         self._cache = tempfile.TemporaryDirectory(prefix="clef-xnnpack-")
+        loaded, self.dequantized = self.path, 0
+        if not dynamic_kernels:
+            from scripts.litert import weight_storage
+
+            exact = Path(self._cache.name) / EXACT_FILE
+            self.dequantized = weight_storage.dequantized(self.path, exact)
+            loaded = exact if self.dequantized else self.path
         gpu_accelerator.quiet_teardown_at_exit()
         # the runtime logs on fd 2 from C++ as it creates its environment and registers accelerators
         with gpu_accelerator.captured_stderr() as log:
@@ -50,7 +66,7 @@ class CpuGraph:
             options.cpu_options.num_threads = threads or default_threads()
             options.cpu_options.xnnpack_weight_cache_path = str(Path(self._cache.name) / CACHE_FILE)
             try:
-                self.model = CompiledModel.from_file(str(self.path), options=options)
+                self.model = CompiledModel.from_file(str(loaded), options=options)
             except RuntimeError as exc:
                 error = " ".join(str(exc).split())
             else:

@@ -293,11 +293,37 @@ def _encode(w: np.ndarray, shape: list[int], spec) -> tuple[bytes, int, np.ndarr
     return codes.tobytes(), schema.TensorType.INT8, scales, None
 
 
+def _carry_buffers(model, mm, sources: dict, metadata_buffers: set[int]) -> None:
+    """Every buffer of `model` that a tensor still reads, read from the open map `mm` of its source file
+    into `sources` (metadata kept inside the head); a buffer no tensor reads any more is emptied."""
+    still_read = {t.buffer for sg in model.subgraphs for t in sg.tensors}
+    for i, buffer in enumerate(model.buffers):
+        if i in metadata_buffers and buffer.offset > 1:  # small: kept inside the head
+            buffer.data, buffer.offset, buffer.size = list(mm[buffer.offset : buffer.offset + buffer.size]), 0, 0
+        if i in metadata_buffers or i in sources or not tflite_file.buffer_bytes(buffer):
+            continue
+        if i not in still_read:
+            model.buffers[i] = schema.BufferT()  # a weight now stored in its smaller form
+            continue
+        if buffer.offset > 1:
+            sources[i] = model_writer.Slice(mm, buffer.offset, buffer.size)
+            buffer.offset = model_writer.OFFSET_PLACEHOLDER
+        else:
+            sources[i] = bytes(buffer.data)
+            buffer.data, buffer.offset, buffer.size = None, model_writer.OFFSET_PLACEHOLDER, len(sources[i])
+
+
+def pipeline_scheme(precision: str) -> str:
+    """The scheme the pipeline stores `precision` by: integer weights read by the FULLY_CONNECTED itself
+    (the form LiteRT's GPU accelerator keeps packed), float16 through a DEQUANTIZE (the one it folds)."""
+    return "dynamic" if precision in SCHEMES["dynamic"] else "weight_only"
+
+
 def store(src, dst, weights: str, scheme: str | None = None) -> Stored:
     """The graph `src` with its Linear weights stored at `weights` (a params.yaml spelling), by `scheme`
-    (None: weight_only, the pipeline's), written atomically to `dst`."""
+    (None: the pipeline's, pipeline_scheme), written atomically to `dst`."""
     spec = parse_weights(weights)
-    scheme = scheme or "weight_only"
+    scheme = scheme or pipeline_scheme(spec.precision)
     if spec.precision not in SCHEMES.get(scheme, ()):
         raise ClefError(f"weight storage scheme {scheme!r} does not apply to {spec.precision}")
     if spec.block and scheme != "dynamic":
@@ -332,7 +358,6 @@ def store(src, dst, weights: str, scheme: str | None = None) -> Stored:
             stored_bytes += len(data) + sum(x.nbytes for x in (scales, block_scales) if x is not None)
         dequantize = _opcode(model, schema.BuiltinOperator.DEQUANTIZE) if encoded and scheme == "weight_only" else None
         added: dict[int, list] = {}  # subgraph -> (tensor, DEQUANTIZE op)
-        still_read = set()
         for b, users in weights_found.items():
             if b not in encoded:
                 continue
@@ -367,22 +392,7 @@ def store(src, dst, weights: str, scheme: str | None = None) -> Stored:
                 t.buffer = 0  # now computed: the first reader's DEQUANTIZE's output
         for si, ops in added.items():
             _place_before_first_use(model.subgraphs[si], ops)
-        for sg in model.subgraphs:
-            still_read.update(t.buffer for t in sg.tensors)
-        for i, buffer in enumerate(model.buffers):
-            if i in metadata_buffers and buffer.offset > 1:  # small: kept inside the head
-                buffer.data, buffer.offset, buffer.size = list(mm[buffer.offset : buffer.offset + buffer.size]), 0, 0
-            if i in metadata_buffers or i in sources or not tflite_file.buffer_bytes(buffer):
-                continue
-            if i not in still_read:
-                model.buffers[i] = schema.BufferT()  # a weight now stored in its smaller form
-                continue
-            if buffer.offset > 1:
-                sources[i] = model_writer.Slice(mm, buffer.offset, buffer.size)
-                buffer.offset = model_writer.OFFSET_PLACEHOLDER
-            else:
-                sources[i] = bytes(buffer.data)
-                buffer.data, buffer.offset, buffer.size = None, model_writer.OFFSET_PLACEHOLDER, len(sources[i])
+        _carry_buffers(model, mm, sources, metadata_buffers)
         written = model_writer.write(model, sources, dst)
     return Stored(
         str(spec),
@@ -395,3 +405,60 @@ def store(src, dst, weights: str, scheme: str | None = None) -> Stored:
         spec.block,
         selections if scheme == "dynamic" else None,
     )
+
+
+def read_integer_weights(model) -> dict[int, list[int]]:
+    """{subgraph: [tensor]} of every constant integer weight a FULLY_CONNECTED reads itself (the dynamic scheme)."""
+    found: dict[int, list[int]] = {}
+    for si, sg in enumerate(model.subgraphs):
+        for op in sg.operators:
+            if tflite_file.op_name(model, op) != "FULLY_CONNECTED" or len(op.inputs) < 2:
+                continue
+            ti, t = int(op.inputs[1]), sg.tensors[int(op.inputs[1])]
+            held = t.type in (schema.TensorType.INT8, schema.TensorType.INT4)
+            if held and tflite_file.buffer_bytes(model.buffers[t.buffer]) and ti not in found.get(si, []):
+                found.setdefault(si, []).append(ti)
+    return found
+
+
+def dequantized(src, dst) -> int:
+    """The graph `src` with every integer weight its FULLY_CONNECTEDs read themselves read through a
+    DEQUANTIZE instead (one per reader, the weight_only form), written atomically to `dst` -> the number
+    of weights so rewritten (0: nothing is written, the graph has none). The same codes and scales: the
+    CPU folds them into float32 weights, so it computes what the GPU accelerator's fp32 mode and torch
+    compute, where its dynamic kernels would round the activations to int8 (the conversion checks run
+    this form: scripts/litert/cpu_graph.py).
+    Blockwise weights are refused: TensorFlow Lite's DEQUANTIZE has no blockwise form."""
+    src = Path(src)
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(src)))
+    metadata_buffers = {entry.buffer for entry in model.metadata or []}
+    found = read_integer_weights(model)
+    if not found:
+        return 0
+    dequantize = _opcode(model, schema.BuiltinOperator.DEQUANTIZE)
+    for si, tensors in found.items():
+        sg, ops = model.subgraphs[si], []
+        for ti in tensors:
+            t = sg.tensors[ti]
+            if t.quantization is not None and t.quantization.detailsType:
+                raise ClefError(f"{src}: {tflite_file.text(t.name)} is blockwise: no DEQUANTIZE reads it")
+            for reader in [op for op in sg.operators if ti in _inputs(op)]:
+                read = copy.copy(t)
+                read.name, read.type, read.buffer, read.quantization = (
+                    tflite_file.text(t.name) + ";dequantized",
+                    schema.TensorType.FLOAT32,
+                    0,
+                    None,
+                )
+                sg.tensors.append(read)
+                out = len(sg.tensors) - 1
+                reader.inputs = [out if i == ti else i for i in _inputs(reader)]
+                op = schema.OperatorT()
+                op.opcodeIndex, op.inputs, op.outputs = dequantize, [ti], [out]
+                ops.append((out, op))
+        _place_before_first_use(sg, ops)
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        sources: dict[int, model_writer.Source] = {}
+        _carry_buffers(model, mm, sources, metadata_buffers)
+        model_writer.write(model, sources, dst)
+    return sum(len(t) for t in found.values())
