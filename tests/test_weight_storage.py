@@ -519,3 +519,33 @@ def test_a_weight_read_by_two_ops_gets_a_dequantize_each_so_a_section_cut_can_fa
             assert tflite_file.census(part.path)["fully_connected_weights"] == {"FLOAT16": 1}
     finally:
         cut.close()
+
+
+def test_a_kernel_reading_the_codes_otherwise_breaks_the_dynamic_kernels_bound(graphs, tmp_path):
+    """verify_tflite's dynamic-kernels figure (the file as stored against its exact form) guards against the
+    CPU's kernels reading the stored codes otherwise than a DEQUANTIZE does. Broken on purpose: the int4
+    codes read high nibble first (each packed byte swapped) are over params.yaml's bound, where the
+    kernels' activation rounding alone is well under it."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    from scripts.checks import tflite_verification
+    from scripts.pipeline import params
+
+    limits = params.bounds(params.read(), "verify_tflite", tflite_verification.BOUNDED)
+    _, path, _ = graphs["int4"]
+    data = bytearray(path.read_bytes())
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(tflite_file.read_head(path)))
+    swapped = 0
+    for b in weight_storage.read_integer_weights(model)[0]:
+        buffer = model.buffers[model.subgraphs[0].tensors[b].buffer]
+        packed = np.frombuffer(data, np.uint8, buffer.size, buffer.offset)
+        data[buffer.offset : buffer.offset + buffer.size] = ((packed << 4) | (packed >> 4)).astype(np.uint8).tobytes()
+        swapped += 1
+    assert swapped == 2
+    misread = tmp_path / "misread.tflite"
+    misread.write_bytes(bytes(data))
+    exact_form = run(path)
+    rounding = compare.figures("dynamic_kernels", run(path, dynamic_kernels=True)[0], exact_form[0])
+    broken = compare.figures("dynamic_kernels", run(misread, dynamic_kernels=True)[0], exact_form[0])
+    assert not compare.judge([rounding], limits), rounding
+    assert compare.judge([broken], limits), broken
