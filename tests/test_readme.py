@@ -404,6 +404,45 @@ def test_the_weights_table_shows_each_precision_and_the_gpu_refusal(tmp_path):
     assert text.index("`fp32`") < text.index("`int8`")  # the largest first
 
 
+def test_the_weights_summary_gives_each_precision_as_the_pipeline_stores_it_beside_llama_cpp(tmp_path):
+    """One row per `weights`, the variant the pipeline makes (int8: read by the FULLY_CONNECTED itself): its
+    exact form's conversion error, the CPU's dynamic kernels, its decisions against llama.cpp's q8_0."""
+    whole = {
+        m: {"compiled": True, "fully_accelerated": True, "median_s": 0.2, "max_rel_vs_torch": 8.6e-7}
+        for m in ("fp32", "fp16", "mixed")
+    }
+    refused = {m: {"compiled": False, "refused": "DEQUANTIZE ..."} for m in ("fp32", "fp16", "mixed")}
+
+    def made(kld, top):
+        return {"kld_mean": kld, "same_top": top, "ln_ppl_ratio": 1e-3}
+
+    dynamic = {**variant(3_397_888, 2.8e-2, 0.97, 0.0035, whole), "weights": "int8", "scheme": "dynamic"}
+    dynamic.update(exact_form={"max_rel_vs_torch": 8.1e-7}, decision=made(2.0e-3, 0.9825))
+    doc = {
+        "measured_utc": "2026-12-07T12:06:52Z",
+        "source": "tiny",
+        "L": 64,
+        "variants": {
+            "fp16": {**variant(4_198_656, 9.1e-7, 1.0, 0.0056, whole), "weights": "fp16", "scheme": "weight_only"},
+            "int8": {**variant(2_935_040, 8.1e-7, 0.98, 0.011, refused), "weights": "int8", "scheme": "weight_only"},
+            "int8_dynamic": dynamic,
+        },
+        "bytes_over_fp32": {"fp16": 0.558, "int8": 0.390, "int8_dynamic": 0.452},
+        "litert_speedup_over_fp32": {"fp16": 0.66, "int8": 1.02, "int8_dynamic": 1.6},
+    }
+    atomic.write_json(tmp_path / layout.result_path("weights"), doc)
+    block = "<!-- generated: weights_summary -->\n<!-- end generated: weights_summary -->\n"
+    text, _ = readme.render(block, tmp_path)
+    row = "| `int8` | 3,397,888 (0.452x) | 8.1e-07 / 8.6e-07 | 2.8e-02 | 2.0e-03 / 98.25 % / +1.0e-03 |"
+    assert row in text, text
+    assert "`q8_0` 0.00136 / 97.67 %; better: no | 1.60x | every mode whole |" in text
+    assert "| `fp16` | 4,198,656 (0.558x) | 9.1e-07 / 8.6e-07 | - | - | - |" in text
+    assert "2,935,040" not in text  # int8 through a DEQUANTIZE is not what the pipeline stores
+    dynamic["decision"] = made(7e-4, 0.99)
+    atomic.write_json(tmp_path / layout.result_path("weights"), doc)
+    assert "better: yes" in readme.render(block, tmp_path)[0]
+
+
 def test_the_real_width_weights_table_gives_each_precision_and_the_release_against_its_goal(tmp_path):
     doc = "<!-- generated: real_weights -->\n<!-- end generated: real_weights -->\n"
     old = bench()

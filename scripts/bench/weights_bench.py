@@ -1,13 +1,16 @@
 """`make weights-bench`: a workspace's L=64 row graph with its Linear weights stored at each precision,
 side by side in one run -> <workspace>/results/weights.json.
 
-For each variant (VARIANTS: fp32, fp16, int8 and int4 as params.yaml `weights` makes them, and int8,
-int4 and blockwise int4 read by the FULLY_CONNECTED itself, the scheme the GPU accelerator reads) the
-stack is loaded with the stored weights, the graph converted and stored, and on the same host-built records:
+For each variant (VARIANTS: fp32, fp16, int8 and int4 read through a DEQUANTIZE, and int8, int4 and
+blockwise int4 read by the FULLY_CONNECTED itself: the pipeline's scheme for int8 and int4, the one the
+GPU accelerator reads) the stack is loaded with the stored weights, the graph converted and stored,
+and on the same host-built records:
 - size: the graph's bytes (and the bundle's, derived: the workspace's bundle holds one copy of the
   weights, so it shrinks by what one graph does);
 - conversion error: the graph against the torch model with the same stored weights (the bound of
-  verify_tflite, 1e-4), on LiteRT's CPU accelerator, and on the GPU accelerator in every mode where
+  verify_tflite, 1e-4), on LiteRT's CPU accelerator as stored (and, per-row integer weights, in the
+  exact form the pipeline's CPU checks run: scripts/litert/cpu_graph.py), and on the GPU accelerator
+  in every mode where
   the workspace's GPU checks run whole graphs (the tiny checkpoint), or the accelerator's refusal;
 - the quantization's effect: the graph against stock float64 with the checkpoint's weights, and the
   lm_head's decisions (scripts/checks/quantization_effect.py); on held-out text, the decision figures
@@ -235,6 +238,9 @@ class Variant(Record):
     # dynamic scheme: the CPU against the same model whose Linears read their input as XNNPACK's dynamic
     # kernels quantize it (scripts/layers/dynamic_activations.py): what is left is the CPU's own rounding
     cpu_arithmetic: VariantConversion | None = optional()
+    # dynamic scheme, per row: the graph's exact form (each integer weight through a DEQUANTIZE:
+    # scripts/litert/cpu_graph.py), what the pipeline's CPU checks hold to today's bounds
+    exact_form: VariantConversion | None = optional()
 
 
 def measure(
@@ -268,6 +274,20 @@ def measure(
     runner = lite.get_signature_runner()
     outputs = {kind: tflite_check.run(runner, inputs)[0, :n] for kind, (n, inputs) in records.items()}
     litert_s = statistics.median(tflite_check.litert_times(runner, timed, REPEATS))
+    exact_form = None
+    if scheme == "dynamic" and not params.parse_weights(precision).block:  # a DEQUANTIZE reads no blockwise weight
+        exact = CpuGraph(path)
+        exact_runner = exact.get_signature_runner()
+        exact_form = VariantConversion.of(
+            [
+                {
+                    "record": kind,
+                    **compare.figures("vs_torch", tflite_check.run(exact_runner, inputs)[0, :n], expected[kind]),
+                }
+                for kind, (n, inputs) in records.items()
+            ]
+        )
+        exact.close()
     fp32_s = statistics.median(tflite_check.litert_times(base["runner"], timed, REPEATS)) if base else litert_s
     flops = sum(tflite_file.matmul_flops(path).values())
     census = tflite_file.census(path)
@@ -308,6 +328,7 @@ def measure(
         gpu=gpu_figures(path, records, expected) if gpu else gpu_compiled(path, how["section_bytes"], census),
         decision=scored.of([tflite_check.run(runner, r)[0] for r in scored.inputs]) if scored else None,
         cpu_arithmetic=VariantConversion.of(arithmetic) if arithmetic else None,
+        exact_form=exact_form,
     )
     if not base and precision == "fp32":
         base.update(outputs=outputs, graph=lite, runner=runner)  # closed by main, after every variant

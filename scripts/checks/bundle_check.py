@@ -115,7 +115,7 @@ def _memory_main(accelerator: str, mode: str, path: str) -> None:
         litert_c.library()
     before = held_bytes()
     if accelerator == "cpu":
-        graph = CpuGraph(path)
+        graph = CpuGraph(path, dynamic_kernels=True)  # as stored: what a device's CPU holds
         runner = graph.get_signature_runner
     else:
         graph = gpu_accelerator.compile(path, mode)

@@ -26,3 +26,11 @@ FIGURES = (
     Published("q6_K", 5.45e-3, 0.9603),
     Published("q4_K_M", 0.031, 0.9190),
 )
+
+# Our `weights` beside the llama.cpp quantization of the same bits per weight class (the KL-divergence issue's
+# comparison: int8 per channel against q8_0, int4 against q4_K_M, llama.cpp's default).
+SAME_BITS = {"int8": "q8_0", "int4": "q4_K_M"}
+
+
+def published(name: str) -> Published:
+    return next(f for f in FIGURES if f.name == name)

@@ -762,7 +762,64 @@ def decision_cell(f: dict | None) -> str:
     return f"{e(f['kld_mean'])} / {percent(f['same_top'])} / {f['ln_ppl_ratio']:+.1e}"
 
 
-WEIGHTS_TABLES = {"weights": weights_table}  # from results/weights.json (make weights-bench)
+def weights_summary_table(doc: dict) -> str:
+    """Each `weights` as the pipeline stores it (weight_storage.pipeline_scheme), from the weights bench:
+    size, conversion error, the CPU's decisions beside llama.cpp's at the same bits, CPU speed, the GPU."""
+    from scripts.checks import llama_cpp
+    from scripts.litert.weight_storage import pipeline_scheme
+    from scripts.pipeline.params import WEIGHT_PRECISIONS
+
+    body = []
+    for w in WEIGHT_PRECISIONS:
+        name, v = next(
+            ((n, v) for n, v in doc["variants"].items() if v["weights"] == w and v["scheme"] == pipeline_scheme(w)),
+            (None, None),
+        )
+        if v is None:
+            continue
+        exact = v.get("exact_form") or v["conversion"]
+        gpu = v.get("gpu") or {}
+        whole = bool(gpu) and all(g.get("compiled") and g.get("fully_accelerated") for g in gpu.values())
+        gpu_fp32 = (gpu.get("fp32") or {}).get("max_rel_vs_torch")
+        same = llama_cpp.SAME_BITS.get(w)
+        theirs = llama_cpp.published(same) if same else None
+        made = v.get("decision")
+        beats = (
+            "-"
+            if theirs is None or not made
+            else ("yes" if made["kld_mean"] <= theirs.kld_mean and made["same_top"] >= theirs.same_top else "no")
+        )
+        body.append(
+            [
+                f"`{w}`",
+                f"{v['bytes']:,} ({doc['bytes_over_fp32'][name]:.3f}x)",
+                f"{e(exact['max_rel_vs_torch'])} / {e(gpu_fp32) if gpu_fp32 is not None else '-'}",
+                e(v["conversion"]["max_rel_vs_torch"]) if v.get("exact_form") else "-",
+                decision_cell(made),
+                f"`{same}` {theirs.kld_mean:.3g} / {percent(theirs.same_top)}; better: {beats}" if theirs else "-",
+                f"{doc['litert_speedup_over_fp32'][name]:.2f}x",
+                ("every mode whole" if whole else gpu_cell(gpu)) if gpu else "not run",
+            ]
+        )
+    line = (
+        f"From `make weights-bench` at {doc['measured_utc']} on `{doc['source']}`, row graph L={doc['L']} "
+        f"(`results/weights.json`; every variant and column in docs/release.md). llama.cpp: {llama_cpp.SOURCE}."
+    )
+    header = [
+        "weights",
+        "bytes (x fp32)",
+        "conversion error: CPU (exact form) / GPU fp32",
+        "CPU as stored (dynamic kernels) vs torch",
+        "decision, CPU as stored: mean KLD / same top / ln PPL ratio",
+        "llama.cpp at the same bits",
+        "LiteRT CPU speed-up over fp32",
+        "GPU accelerator",
+    ]
+    return f"{line}\n\n{table(header, body)}"
+
+
+# from results/weights.json (make weights-bench)
+WEIGHTS_TABLES = {"weights": weights_table, "weights_summary": weights_summary_table}
 
 
 def read_trace(root: Path) -> dict:
