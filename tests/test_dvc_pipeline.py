@@ -389,6 +389,10 @@ BAD_PARAMS = {
         lambda p: p.update(weights="int4b32"),
         "weights int4b32: blockwise int4 aborts LiteRT's GPU accelerator",
     ),
+    "52-host-precision": (
+        section("release", "host_weights_precision", "fp16"),
+        "release.host_weights_precision 'fp16': the host tables are bf16, int8 or int4",
+    ),
     "9-model-source": (section("model", "source", "local"), "model.source 'local' is not one of tiny, synthetic, hub"),
     "9-model-revision": (section("model", "revision", "main"), "model.revision 'main' is not a full 40-hex commit id"),
     # Issue 37: a form spelt another way (DVC would rerun every stage that reads it), a length or pair too short

@@ -124,3 +124,23 @@ def test_host_tables_are_mapped_not_read(tmp_path):
     assert path.read_bytes() == digest
     with pytest.raises(ClefError, match="has no tensor lm_head"):
         mapped_tensor(path, "lm_head")
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4b32"])
+def test_a_release_with_quantized_host_tables_is_read_as_their_values(host, tiny_snapshot, tmp_path, precision):
+    """The release stage stores the tables at release.host_weights_precision (builder.host_files); the host
+    of that release looks rows up and computes logits from exactly the stored values."""
+    from scripts.layers import weight_precision
+    from scripts.release import builder
+
+    section = builder.host_files(tiny_snapshot, host, tmp_path, "include", precision)
+    assert section.precision == precision
+    released = Host(tmp_path / "host")
+    for role in ("embed_tokens", "lm_head"):
+        got, src = getattr(released, role), getattr(host, role)
+        assert torch.equal(got[:], weight_precision.stored_values(src.to(torch.float32), precision)), role
+    rec = released.record([3, 1, 4], 8)
+    assert torch.equal(rec["embeds"][0, :3], released.embed_tokens[torch.tensor([3, 1, 4])])
+    hidden = torch.randn(2, host.hidden_size)
+    assert torch.equal(released.logits(hidden), hidden @ released.lm_head[:].T)
+    assert builder.host_files(tiny_snapshot, host, tmp_path / "bf16", "include").precision is None

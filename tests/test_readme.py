@@ -598,3 +598,19 @@ def test_the_quantization_trace_table_gives_every_group_at_every_precision(tmp_p
     assert "| every Linear | all | 2.7e-01 / 80.00 % | 7.3e-04 / 80.00 % |" in text, text
     assert "| `mlp.down_proj` | 8 | 6.8e-02 / 95.00 % | 1.8e-04 / 95.00 % |" in text, text
     assert "| layer 0 | 7 | 3.4e-02 / 97.00 % | 9.1e-05 / 97.00 % |" in text, text
+
+
+def test_the_host_tables_table_gives_each_precision_against_bf16_or_says_it_was_not_measured(tmp_path):
+    block = "<!-- generated: host_tables -->\n<!-- end generated: host_tables -->\n"
+    doc = {"measured_utc": "2026-12-07T15:00:00Z", "source": "tiny", "scored_tokens": 8192}
+    atomic.write_json(tmp_path / layout.result_path("weights"), doc)
+    assert "Not measured: this weights bench predates" in readme.render(block, tmp_path)[0]
+
+    def held(size, kld, top):
+        return {"bytes": size, "decision": {"kld_mean": kld, "same_top": top, "ln_ppl_ratio": 0.0}}
+
+    doc["host_tables"] = {"bf16": held(1000, 0.0, 1.0), "int4b32": held(281, 0.05, 0.9)}
+    atomic.write_json(tmp_path / layout.result_path("weights"), doc)
+    text = readme.render(block, tmp_path)[0]
+    assert "| `int4b32` | 281 (0.281x) | 5.0e-02 / 90.00 % / +0.0e+00 | `q4_K_M` 0.031 / 91.90 % |" in text, text
+    assert "| `bf16` | 1,000 (1.000x) |" in text and "8,192 held-out tokens" in text

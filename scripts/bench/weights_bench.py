@@ -20,7 +20,10 @@ and on the same host-built records:
 - speed: LiteRT CPU and torch eager medians on one record, the GPU accelerator's, and the CPU's rate
   against this machine's fp32 matmul peak (scripts/bench/report.py); the fp32 graph is timed again
   right after each variant, and the speed-up is of those two medians, taken under the same load.
-Then, where the workspace's graphs are fp32 or fp16, every graph it releases is converted at the other
+On held-out text, the host tables too (HOST_PRECISIONS, release.host_weights_precision): their bytes and
+what they alone do to the decisions (stock float64 fed the embeddings they give, its logits through the
+lm_head they give, against the truth). Then, where the workspace's graphs are fp32 or fp16, every graph
+it releases is converted at the other
 of the two and run on its reference record beside the workspace's file: how default `weights` was
 chosen (docs/release.md, "Weights").
 """
@@ -58,7 +61,7 @@ from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import Stopwatch, median_seconds, stack_fp32_bytes
 from scripts.pipeline.records import Record, optional
-from scripts.qwen35 import model_change, patch, row_graph
+from scripts.qwen35 import host_tables, model_change, patch, row_graph
 from scripts.qwen35.host import Host
 from scripts.release import references
 
@@ -432,6 +435,29 @@ class WeightsBench(Record):
     seconds: float
     scored_tokens: int | None = optional()  # the decision windows' tokens (held-out text; None: random ids)
     decision_floor: DecisionFigures | None = optional()  # stock transformers in torch float16 on them
+    host_tables: dict[str, HostTables] | None = optional()  # by release.host_weights_precision (held-out text)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTables(Record):
+    """The host tables at one release.host_weights_precision: their bytes (both, codes and scales) and the
+    decisions of stock float64 fed the embeddings they give and read through the lm_head they give, against
+    the truth (the checkpoint's tables): what the host tables alone do to the decisions."""
+
+    bytes: int
+    decision: DecisionFigures
+
+
+# release.host_weights_precision measured: the checkpoint's bf16, then the integer forms
+HOST_PRECISIONS = ("bf16", "int8", "int4", "int4b32")
+
+
+def host_tables_effect(stock, host: Host, scored: Scored, precision: str) -> HostTables:
+    """HostTables at `precision` (`stock`: gpu_check.StockReferences of the unquantized model)."""
+    held = host_tables.at(host, precision)
+    hidden = [stock.exact(r["embeds"]) for r in scored.set.records(held)]
+    size = sum(host_tables.stored_bytes(tuple(t.shape), precision) for t in (host.embed_tokens, host.lm_head))
+    return HostTables(size, decision_check.figures(host, scored.set, scored.truth, hidden, graph_host=held))
 
 
 def main() -> None:
@@ -452,11 +478,16 @@ def main() -> None:
     gpu = params.gpu_depth(p["verify_gpu"]["layers"], p["model"]["source"]) == "all"
     model, _, _ = patch.load(snap, form, progress=False)
     truths = quantization_effect.truths(model, records)
-    scored = None
+    scored = held_tables = None
     if text.kind == record_text.HELD_OUT_TEXT:
         windows = decision_check.scoring_set(text, BENCH_L, p["decision"]["scored_tokens"])
-        truth = decision_check.truth(gpu_check.StockReferences(model), host, windows)
+        stock = gpu_check.StockReferences(model)
+        truth = decision_check.truth(stock, host, windows)
         scored = Scored(host, windows, truth, windows.records(host))
+        held_tables = {hp: host_tables_effect(stock, host, scored, hp) for hp in HOST_PRECISIONS}
+        for hp, t in held_tables.items():
+            print(f"weights-bench host tables {hp}: {t.bytes} bytes, decision {decision_check.shown(t.decision)}")
+        del stock
     del model
     gc.collect()
     peak = report.matmul_peak()
@@ -508,6 +539,7 @@ def main() -> None:
         seconds=clock.seconds(),
         scored_tokens=scored.set.scored_tokens if scored else None,
         decision_floor=decision_check.floor(host, scored.set, scored.truth) if scored else None,
+        host_tables=held_tables,
     )
     atomic.write_json(ws / layout.result_path(RESULT), doc.to_json())
     print(

@@ -53,14 +53,17 @@ class TokenScores:
         return TokenScores(*(torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(TokenScores)))
 
 
-def scores(lm_head: torch.Tensor, hidden: torch.Tensor, truth: torch.Tensor, actual: torch.Tensor) -> TokenScores:
-    """The TokenScores of a graph's hidden [n, H] against the truth's [n, H], actual next tokens [n]."""
+def scores(
+    lm_head: torch.Tensor, hidden: torch.Tensor, truth: torch.Tensor, actual: torch.Tensor, graph_lm_head=None
+) -> TokenScores:
+    """The TokenScores of a graph's hidden [n, H] against the truth's [n, H], actual next tokens [n];
+    `graph_lm_head`: the graph's logits through another lm_head (a release's quantized host table)."""
     if hidden.shape != truth.shape or actual.shape != (hidden.shape[0],):
         raise ClefError(
             f"decision scores: hidden {list(hidden.shape)}, truth {list(truth.shape)} and "
             f"{list(actual.shape)} next tokens do not match"
         )
-    log_p, log_q = log_probs(lm_head, truth), log_probs(lm_head, hidden)
+    log_p, log_q = log_probs(lm_head, truth), log_probs(lm_head if graph_lm_head is None else graph_lm_head, hidden)
     kld = (log_p.exp() * (log_p - log_q)).sum(-1)
     pick = actual.long()[:, None]
     truth_lp, graph_lp = log_p.gather(-1, pick)[:, 0], log_q.gather(-1, pick)[:, 0]

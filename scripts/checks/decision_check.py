@@ -77,12 +77,17 @@ def truth(stock, host: Host, s: ScoringSet) -> DecisionTruth:
     return DecisionTruth(torch.stack(exact), torch.stack(half))
 
 
-def figures(host: Host, s: ScoringSet, t: DecisionTruth, hidden: list[torch.Tensor]) -> DecisionFigures:
-    """A place's figures: `hidden` its [L, H] (or [1, L, H]) final-norm hidden states, one per window."""
+def figures(
+    host: Host, s: ScoringSet, t: DecisionTruth, hidden: list[torch.Tensor], graph_host: Host | None = None
+) -> DecisionFigures:
+    """A place's figures: `hidden` its [L, H] (or [1, L, H]) final-norm hidden states, one per window; its
+    logits through `graph_host`'s lm_head where given (a release's host tables), else the truth's."""
     if len(hidden) != len(s.windows):
         raise ClefError(f"decision figures: {len(hidden)} outputs for {len(s.windows)} windows")
+    head = None if graph_host is None else graph_host.lm_head
     parts = [
-        decision.scores(host.lm_head, h.reshape(s.length, -1), t.exact[k], s.actual[k]) for k, h in enumerate(hidden)
+        decision.scores(host.lm_head, h.reshape(s.length, -1), t.exact[k], s.actual[k], head)
+        for k, h in enumerate(hidden)
     ]
     return decision.figures(decision.TokenScores.cat(parts))
 

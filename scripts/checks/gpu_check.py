@@ -86,16 +86,19 @@ class StockReferences:
     def __init__(self, model):
         self.twin = patch.stock_twin(model)
 
-    def hidden(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[1, n, H] real-token embeddings -> (float64 hidden [n, H], float16 hidden [n, H]), each one
-        converted layer at a time (scripts/checks/layerwise.py)."""
+    def exact(self, embeds: torch.Tensor) -> torch.Tensor:
+        """[1, n, H] real-token embeddings -> float64 hidden [n, H], converted layer at a time
+        (scripts/checks/layerwise.py)."""
         twin = self.twin
-        with torch.no_grad():
-            with model_check.exact_by_layer(twin):
-                exact = twin(inputs_embeds=embeds.double(), use_cache=False).last_hidden_state[0]
-            with layerwise.cast_by_layer(twin, twin.layers, torch.float16):
-                half = twin(inputs_embeds=embeds.half(), use_cache=False).last_hidden_state[0]
-        return exact, half
+        with torch.no_grad(), model_check.exact_by_layer(twin):
+            return twin(inputs_embeds=embeds.double(), use_cache=False).last_hidden_state[0]
+
+    def hidden(self, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[1, n, H] real-token embeddings -> (float64 hidden [n, H], float16 hidden [n, H])."""
+        twin = self.twin
+        with torch.no_grad(), layerwise.cast_by_layer(twin, twin.layers, torch.float16):
+            half = twin(inputs_embeds=embeds.half(), use_cache=False).last_hidden_state[0]
+        return self.exact(embeds), half
 
 
 @dataclass(frozen=True)

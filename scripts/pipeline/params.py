@@ -159,6 +159,25 @@ def parse_weights(text) -> Weights:
     return Weights(precision, block)
 
 
+HOST_BF16 = "bf16"  # the host tables as the checkpoint holds them
+
+
+def host_precision(value, name: str = "release.host_weights_precision") -> str:
+    """The precision a release stores the host tables (embed_tokens, lm_head) at: bf16, or an integer
+    `weights` spelling (int8, int4, int4b32 ...), stored with the graphs' formulas (scripts/qwen35/host_tables.py)."""
+    if value == HOST_BF16:
+        return value
+    try:
+        spec = parse_weights(value)
+    except ClefError as exc:
+        raise ClefError(f"params.yaml: {name}: {exc}, or bf16") from None
+    if spec.precision not in ("int8", "int4"):
+        raise ClefError(
+            f"params.yaml: {name} {value!r}: the host tables are bf16, int8 or int4 (the checkpoint holds them in bf16)"
+        )
+    return str(spec)
+
+
 def block_unfit(weights: str, tensor: str, inputs: int) -> str | None:
     """Why a Linear weight with `inputs` inputs cannot be stored at `weights` in blocks, or None."""
     spec = parse_weights(weights)
@@ -384,6 +403,7 @@ SCHEMA = {
     "release": mapping(
         {
             "host_weights": one_of(*HOST_WEIGHT_MODES),
+            "host_weights_precision": host_precision,
             "signing_key": optional_path,
             "max_over_recorded": factor,
             "layout": one_of(*RELEASE_LAYOUTS),

@@ -818,8 +818,38 @@ def weights_summary_table(doc: dict) -> str:
     return f"{line}\n\n{table(header, body)}"
 
 
+def host_tables_table(doc: dict) -> str:
+    """The host tables at each release.host_weights_precision (scripts/bench/weights_bench.py): bytes, and
+    the decisions they alone give, beside llama.cpp's at the same bits."""
+    from scripts.checks import llama_cpp
+
+    held = doc.get("host_tables")
+    if not held:
+        return "Not measured: this weights bench predates the host tables' figures (or ran on random ids)."
+    bf16 = held["bf16"]["bytes"]
+    body = []
+    for precision, t in held.items():
+        same = llama_cpp.SAME_BITS.get(precision.split("b")[0])
+        theirs = llama_cpp.published(same) if same else None
+        body.append(
+            [
+                f"`{precision}`",
+                f"{t['bytes']:,} ({t['bytes'] / bf16:.3f}x)",
+                decision_cell(t["decision"]),
+                f"`{same}` {theirs.kld_mean:.3g} / {percent(theirs.same_top)}" if theirs else "-",
+            ]
+        )
+    line = (
+        f"From `make weights-bench` at {doc['measured_utc']} on `{doc['source']}`: embed_tokens and lm_head at each "
+        f"precision, stock float64 over {doc['scored_tokens']:,} held-out tokens fed the embeddings they give and "
+        "read through the lm_head they give, against the truth with the checkpoint's tables; `results/weights.json`."
+    )
+    header = ["host tables", "bytes (x bf16)", "decision: mean KLD / same top / ln PPL ratio", "llama.cpp, same bits"]
+    return f"{line}\n\n{table(header, body)}"
+
+
 # from results/weights.json (make weights-bench)
-WEIGHTS_TABLES = {"weights": weights_table, "weights_summary": weights_summary_table}
+WEIGHTS_TABLES = {"weights": weights_table, "weights_summary": weights_summary_table, "host_tables": host_tables_table}
 
 
 def read_trace(root: Path) -> dict:

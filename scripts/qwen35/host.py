@@ -2,7 +2,8 @@
 
 token ids -> `embeds` (the bf16 embed_tokens rows widened to fp32, pad rows 0), `valid`, and the
 M-RoPE `cos`/`sin` tables for text positions (i, i, i) from any start (pairs continue at an offset),
-padded to the graph's L; and `hidden` -> logits with the bf16 lm_head. The rotary tables repeat
+padded to the graph's L; and `hidden` -> logits with the lm_head (bf16, or a release's int8 or int4 host
+tables dequantized: scripts/qwen35/host_tables.py). The rotary tables repeat
 transformers' float32 arithmetic step for step (inverse frequencies, position x frequency, the
 interleave of the T/H/W sections), because at position 1000 a float64 table already differs from the
 model's own by ~1e-5.
@@ -10,6 +11,7 @@ model's own by ~1e-5.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 from scripts.checkpoint.snapshot import check_tokenizer, read_json, text_config
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.mappings import Shapes, Tensors
+from scripts.qwen35 import host_tables
 from scripts.qwen35.checkpoint_layout import EMBED_TOKENS, LM_HEAD, rotary_width
 
 
@@ -85,7 +88,28 @@ SAFETENSORS_DTYPES = {
     "BF16": (np.int16, torch.bfloat16),
     "F16": (np.float16, torch.float16),
     "F32": (np.float32, torch.float32),
+    "I8": (np.int8, torch.int8),  # int8 and packed int4 host tables' codes (scripts/qwen35/host_tables.py)
+    "U8": (np.uint8, torch.uint8),
 }
+
+
+def safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size))
+
+
+class MappedSafetensors:
+    """A safetensors file's tensors by name, each mapped when it is asked for (mapped_tensor)."""
+
+    def __init__(self, path: Path):
+        self.path, self.names = path, set(safetensors_header(path)) - {"__metadata__"}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.names
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return mapped_tensor(self.path, key)
 
 
 def mapped_tensor(path: Path, key: str) -> torch.Tensor:
@@ -129,8 +153,15 @@ class Host:
             name = read_json(index)["weight_map"][key] if index.is_file() else "model.safetensors"
             if not (self.weights / name).is_file():
                 raise ClefError(f"no {key} here: {self.weights / name} is missing")
-            self._tables[key] = mapped_tensor(self.weights / name, key)
+            self._tables[key] = host_tables.read(MappedSafetensors(self.weights / name), key)
         return self._tables[key]
+
+    def with_tables(self, tables: dict) -> Host:
+        """This host with other tables ({EMBED_TOKENS or LM_HEAD: table}): a release's host tables at
+        another precision (scripts/qwen35/host_tables.py), held in memory."""
+        other = copy.copy(self)
+        other._tables = {**self._tables, **tables}
+        return other
 
     @property
     def embed_tokens(self) -> torch.Tensor:
@@ -176,7 +207,7 @@ class Host:
         )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final-norm hidden states [..., H] -> logits [..., V] with the bf16 lm_head widened to fp32."""
+        """Final-norm hidden states [..., H] -> logits [..., V] with the lm_head widened to fp32."""
         return hidden @ self.lm_head.to(torch.float32).T
 
 

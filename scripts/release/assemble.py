@@ -83,7 +83,8 @@ def build(
     """The release into build_dir (signed when `key`, the loaded release.signing_key, is not None) and
     its tarball into dist_dir -> the manifest."""
     build_dir.mkdir(parents=True)
-    host = builder.host_files(snap, Host(snap), build_dir, p["release"]["host_weights"])
+    release = p["release"]
+    host = builder.host_files(snap, Host(snap), build_dir, release["host_weights"], release["host_weights_precision"])
     lock = builder.lock_stages()
     holders = entries.place_graphs(graphs, build_dir, lock, p["release"]["layout"], merged)
     artifacts, hashed = {}, {}

@@ -47,12 +47,17 @@ def place(src: Path, dest: Path) -> None:
         shutil.copyfile(src, dest)
 
 
-def host_files(snap: Path, host, dest: Path, mode: str) -> HostSection:
+def host_files(snap: Path, host, dest: Path, mode: str, precision: str = "bf16") -> HostSection:
     """Copy the snapshot's non-weight files (config, tokenizer) to dest/host and, under mode
-    `include`, embed_tokens and lm_head as bf16 safetensors; -> the manifest's `host` section."""
+    `include`, embed_tokens and lm_head at `precision` (release.host_weights_precision: bf16 as the
+    checkpoint holds them, or int8 / int4 codes with their scales, scripts/qwen35/host_tables.py) as
+    safetensors; -> the manifest's `host` section (the tables' hashes are the checkpoint's bf16 ones)."""
     from safetensors.torch import save_file
 
+    from scripts.qwen35 import host_tables as host_tables_at
+
     check_host_weights(mode)
+    precision = host_tables_at.check(precision)
     (dest / "host").mkdir(parents=True, exist_ok=True)
     for f in sorted(snap.iterdir()):
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
@@ -70,12 +75,14 @@ def host_files(snap: Path, host, dest: Path, mode: str) -> HostSection:
         for role, key in HOST_TENSORS.items()
     }
     if mode == "include":
-        save_file(
-            {key: tables[role].contiguous() for role, key in HOST_TENSORS.items()},
-            str(dest / HOST_WEIGHTS),
-            metadata={"format": "pt"},
-        )
-    return HostSection(mode, tensors, HOST_WEIGHTS if mode == "include" else None)
+        stored = {
+            key + suffix: t
+            for role, key in HOST_TENSORS.items()
+            for suffix, t in host_tables_at.encode(tables[role], precision).items()
+        }
+        save_file(stored, str(dest / HOST_WEIGHTS), metadata={"format": "pt", "host_weights_precision": precision})
+    held = precision if mode == "include" and precision != host_tables_at.BF16 else None  # None: bf16
+    return HostSection(mode, tensors, HOST_WEIGHTS if mode == "include" else None, held)
 
 
 def signatures(census: dict, contract: dict) -> dict[str, SignatureTensors]:

@@ -282,7 +282,9 @@ def render(
             f"{own_file(a, bundle)} |"
         )
     if host["weights"] == "include":
-        host_weights = "embed_tokens and lm_head (bf16) in `host/model.safetensors`"
+        held = host.get("precision") or "bf16"
+        scaled = "" if held == "bf16" else ", codes and scales"
+        host_weights = f"embed_tokens and lm_head ({held}{scaled}) in `host/model.safetensors`"
     else:
         host_weights = "embed_tokens and lm_head are referenced by hash, not included"
     out += [

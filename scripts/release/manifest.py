@@ -86,6 +86,7 @@ class HostSection(Record):
     weights: str
     tensors: dict[str, HostTensor]
     weights_file: str | None
+    precision: str | None = optional()  # release.host_weights_precision of the included tables (None: bf16)
 
 
 @dataclasses.dataclass(frozen=True)
