@@ -486,6 +486,21 @@ def test_the_real_width_weights_table_gives_each_precision_and_the_release_again
     assert "| fp16 compiled, partly, not run | 27.7 GB |" in text  # fp32: no goal of its own
     assert "| fp16: refused | 7.4 GB (goal <= 8 GB) |" in text
     assert text.index("`fp32`") < text.index("`fp16`") < text.index("`int8`")
+    # with the host tables at each precision (issue 52: int4's goal counts graphs and host tables together)
+    old["clef_flash"]["release_bytes_by_weights_and_host"] = {"int8": {"bf16": 7.4e9, "int8": 5.4e9, "int4b32": 4.5e9}}
+    atomic.write_json(tmp_path / layout.BENCH, old)
+    text, _ = readme.render(doc, tmp_path)
+    assert "| fp16: refused | 7.4 GB; host tables int8 5.4 GB, int4b32 4.5 GB (goal <= 8 GB) |" in text
+
+
+def test_the_release_is_extrapolated_with_its_host_tables_at_each_precision():
+    from scripts.bench import report
+
+    host = {"file_bytes": 4_000, "shapes": {"embed_tokens": [100, 10], "lm_head": [100, 10]}}
+    got = report.with_host_tables({"int4_dynamic": 10_000}, host)["int4_dynamic"]
+    assert got["bf16"] == 10_000  # 2 x 100 x 10 x 2 bytes: the file as built
+    assert got["int8"] == 10_000 - 4_000 + 2 * (100 * 10 + 4 * 100)
+    assert report.with_host_tables(None, host) is None and report.with_host_tables({"x": 1}, None) is None
 
 
 def test_params_table_says_which_stages_each_key_reruns(tmp_path):

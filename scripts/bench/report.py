@@ -459,6 +459,27 @@ class Workspace(Record):
     gpu_worst: dict[str, WorstOverFloor]
     stages_not_finished: list[str]
     params: dict
+    host_tables: HostFiles | None = optional()
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFiles(Record):
+    """The release's host tables as built: the included file's bytes and each table's [V, H] (the
+    manifest's `host`), so the release can be extrapolated at each release.host_weights_precision."""
+
+    file_bytes: int
+    shapes: dict[str, list[int]]
+
+
+def host_files(ws: Path) -> HostFiles | None:
+    path = ws / layout.RELEASE / "manifest.json"
+    if not path.is_file():
+        return None
+    host = json.loads(path.read_text()).get("host") or {}
+    held = ws / layout.RELEASE / host["weights_file"] if host.get("weights_file") else None
+    if held is None or not held.is_file():
+        return None
+    return HostFiles(held.stat().st_size, {role: t["shape"] for role, t in host["tensors"].items()})
 
 
 def workspace(ws: Path) -> Workspace:
@@ -490,6 +511,7 @@ def workspace(ws: Path) -> Workspace:
             for k, v in params.read(ws / "params.yaml").items()
             if k in ("lengths", "pairs", "memory", "verify_gpu", "model", "release", "weights")
         },
+        host_tables=host_files(ws),
     )
 
 
@@ -547,6 +569,8 @@ class ClefFlash(Record):
     fp32_stack_bytes: float | None
     memory_budget_gib: float | None = optional()
     default_pipeline: DefaultPipeline | None = optional()
+    # release_bytes_by_weights with the host tables at each release.host_weights_precision instead
+    release_bytes_by_weights_and_host: dict[str, dict[str, int]] | None = optional()
 
 
 def extrapolate(tiny: dict, real: dict) -> ClefFlash:
@@ -593,6 +617,15 @@ def extrapolate(tiny: dict, real: dict) -> ClefFlash:
     fp32 = real.get("fp32_bytes") and blocks * real["fp32_bytes"]
     bundled = real.get("bundle")
     budget = (tiny.get("params") or {}).get("memory")
+    # per weights precision: the bundle as the weights bench derived it at real width, the other files as built
+    by_weights = (
+        {
+            name: blocks * b + real.get("release_bytes", 0) - bundled["bytes"]
+            for name, b in ((real.get("weights") or {}).get("bundle_bytes") or {}).items()
+        }
+        if bundled and blocks
+        else None
+    )
     return ClefFlash(
         blocks=blocks,
         stages=out,
@@ -605,18 +638,28 @@ def extrapolate(tiny: dict, real: dict) -> ClefFlash:
         bundle_bytes=bundled and blocks * bundled["bytes"],
         release_bytes=bundled and blocks * bundled["bytes"] + real.get("release_bytes", 0) - bundled["bytes"],
         # per weights precision: the bundle as the weights bench derived it at real width, the other files as built
-        release_bytes_by_weights={
-            name: blocks * b + real.get("release_bytes", 0) - bundled["bytes"]
-            for name, b in ((real.get("weights") or {}).get("bundle_bytes") or {}).items()
-        }
-        if bundled and blocks
-        else None,
+        release_bytes_by_weights=by_weights,
+        release_bytes_by_weights_and_host=with_host_tables(by_weights, real.get("host_tables")),
         snapshot_bytes=CLEF_FLASH_SNAPSHOT_BYTES,
         fp32_stack_bytes=fp32,
         memory_budget_gib=(float(budget["factor"]) * fp32) / 2**30 + float(budget["overhead_gib"])
         if budget and fp32
         else None,
     )
+
+
+def with_host_tables(by_weights: dict[str, int] | None, host: dict | None) -> dict[str, dict[str, int]] | None:
+    """Each release of `by_weights` with its host file (HostFiles, as built) replaced by the tables stored at
+    each of host_tables.MEASURED: the tables are the same at any depth, only their precision changes them."""
+    from scripts.qwen35 import host_tables
+
+    if not by_weights or not host:
+        return None
+    at = {
+        hp: sum(host_tables.stored_bytes(tuple(shape), hp) for shape in host["shapes"].values())
+        for hp in host_tables.MEASURED
+    }
+    return {name: {hp: b - host["file_bytes"] + size for hp, size in at.items()} for name, b in by_weights.items()}
 
 
 def interpolated(points: dict[int, float], size: int) -> float:

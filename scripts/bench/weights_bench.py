@@ -20,7 +20,7 @@ and on the same host-built records:
 - speed: LiteRT CPU and torch eager medians on one record, the GPU accelerator's, and the CPU's rate
   against this machine's fp32 matmul peak (scripts/bench/report.py); the fp32 graph is timed again
   right after each variant, and the speed-up is of those two medians, taken under the same load.
-On held-out text, the host tables too (HOST_PRECISIONS, release.host_weights_precision): their bytes and
+On held-out text, the host tables too (host_tables.MEASURED, release.host_weights_precision): their bytes and
 what they alone do to the decisions (stock float64 fed the embeddings they give, its logits through the
 lm_head they give, against the truth). Then, where the workspace's graphs are fp32 or fp16, every graph
 it releases is converted at the other
@@ -448,10 +448,6 @@ class HostTables(Record):
     decision: DecisionFigures
 
 
-# release.host_weights_precision measured: the checkpoint's bf16, then the integer forms
-HOST_PRECISIONS = ("bf16", "int8", "int4", "int4b32")
-
-
 def host_tables_effect(stock, host: Host, scored: Scored, precision: str) -> HostTables:
     """HostTables at `precision` (`stock`: gpu_check.StockReferences of the unquantized model)."""
     held = host_tables.at(host, precision)
@@ -484,7 +480,7 @@ def main() -> None:
         stock = gpu_check.StockReferences(model)
         truth = decision_check.truth(stock, host, windows)
         scored = Scored(host, windows, truth, windows.records(host))
-        held_tables = {hp: host_tables_effect(stock, host, scored, hp) for hp in HOST_PRECISIONS}
+        held_tables = {hp: host_tables_effect(stock, host, scored, hp) for hp in host_tables.MEASURED}
         for hp, t in held_tables.items():
             print(f"weights-bench host tables {hp}: {t.bytes} bytes, decision {decision_check.shown(t.decision)}")
         del stock

@@ -573,7 +573,8 @@ def real_run_table(bench: dict) -> str:
     return table(["need", "figure", "from"], body)
 
 
-WEIGHTS_RELEASE_GOALS = {"default": 15e9, "int8": 8e9}  # issue 36's goals for clef-flash's release
+# clef-flash's release goals: issue 36's (the default, int8), issue 52's (int4: graphs and host tables together)
+WEIGHTS_RELEASE_GOALS = {"default": 15e9, "int8": 8e9, "int4": 5e9}
 
 
 def real_weights_table(bench: dict) -> str:
@@ -585,10 +586,14 @@ def real_weights_table(bench: dict) -> str:
         return "Not measured: the real-width run predates the weights bench (`make real-width`)."
     default = (bench["tiny"].get("params") or {}).get("weights")
     releases = bench["clef_flash"].get("release_bytes_by_weights") or {}
+    with_host = bench["clef_flash"].get("release_bytes_by_weights_and_host") or {}
     body = []
     for name, v in sorted(w["variants"].items(), key=lambda nv: -nv[1]["bytes"]):
-        goal = WEIGHTS_RELEASE_GOALS.get("default" if name == default else name)
+        goal = WEIGHTS_RELEASE_GOALS.get("default" if name == default else name.split("_")[0].split("b")[0])
         release = releases.get(name)
+        hosts = dict(
+            sorted(((hp, b) for hp, b in (with_host.get(name) or {}).items() if hp != "bf16"), key=lambda x: -x[1])
+        )
         body.append(
             [
                 f"`{name}`" + (" (default)" if name == default else ""),
@@ -597,7 +602,17 @@ def real_weights_table(bench: dict) -> str:
                 f"{v['litert_median_s']:.2f} s ({w['litert_speedup_over_fp32'][name]:.2f}x); "
                 f"{v['fraction_of_peak']:.2f} of peak; torch eager {v['torch_median_s']:.2f} s",
                 gpu_cell(v.get("gpu")),
-                (f"{release / 1e9:.1f} GB" + (f" (goal <= {goal / 1e9:.0f} GB)" if goal else "")) if release else "n/a",
+                (
+                    f"{release / 1e9:.1f} GB"
+                    + (
+                        f"; host tables {', '.join(f'{hp} {b / 1e9:.1f} GB' for hp, b in hosts.items())}"
+                        if hosts
+                        else ""
+                    )
+                    + (f" (goal <= {goal / 1e9:.0f} GB)" if goal else "")
+                )
+                if release
+                else "n/a",
             ]
         )
     header = [
@@ -606,7 +621,7 @@ def real_weights_table(bench: dict) -> str:
         "conversion error (CPU; global / per position)",
         "LiteRT CPU per record (x fp32)",
         "GPU accelerator",
-        "clef-flash release (extrapolated)",
+        "clef-flash release (extrapolated; host tables bf16, then at each other precision)",
     ]
     return table(header, body)
 

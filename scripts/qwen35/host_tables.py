@@ -21,6 +21,7 @@ from scripts.pipeline.params import HOST_BF16, host_precision, parse_weights
 BF16 = HOST_BF16
 SCALES = ".scales"
 BLOCK_SCALES = ".block_scales"
+MEASURED = ("bf16", "int8", "int4", "int4b32")  # the precisions the benchmarks measure the tables at
 _ENCODE_ROWS = 8192  # rows encoded at a time: clef-flash's tables are 2 GB in bf16, 4 GB widened
 
 
