@@ -379,6 +379,8 @@ class VariantFigures(Record):
     litert_median_s: float
     torch_median_s: float
     gpu: dict[str, VariantGpu] | None
+    exact_form_max_rel: float | None = optional()  # per-row integer weights: the CPU checks' exact form
+    litert_benchmark_median_ms: float | None = optional()  # litert-benchmark on the CPU accelerator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -422,6 +424,8 @@ def weights_figures(ws: Path) -> WeightsFigures | None:
                 fraction_of_peak=v["cpu"]["fraction_of_peak"],
                 litert_median_s=v["cpu"]["litert_median_s"],
                 torch_median_s=v["cpu"]["torch_median_s"],
+                exact_form_max_rel=(v.get("exact_form") or {}).get("max_rel_vs_torch"),
+                litert_benchmark_median_ms=(v.get("litert_benchmark") or {}).get("median_ms"),
                 gpu={
                     mode: VariantGpu(
                         **{k: g.get(k) for k in ("compiled", "run", "fully_accelerated", "median_s", "refused")}

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from scripts.bench import report
+from scripts.bench import litert_benchmark, report
 from scripts.checkpoint import snapshot
 from scripts.checks import (
     bundle_check,
@@ -241,6 +241,8 @@ class Variant(Record):
     # dynamic scheme: the CPU against the same model whose Linears read their input as XNNPACK's dynamic
     # kernels quantize it (scripts/layers/dynamic_activations.py): what is left is the CPU's own rounding
     cpu_arithmetic: VariantConversion | None = optional()
+    # LiteRT's own litert-benchmark on the CPU accelerator, params.yaml `latency`'s runs and threads
+    litert_benchmark: litert_benchmark.SignatureTiming | None = optional()
     # dynamic scheme, per row: the graph's exact form (each integer weight through a DEQUANTIZE:
     # scripts/litert/cpu_graph.py), what the pipeline's CPU checks hold to today's bounds
     exact_form: VariantConversion | None = optional()
@@ -277,6 +279,13 @@ def measure(
     runner = lite.get_signature_runner()
     outputs = {kind: tflite_check.run(runner, inputs)[0, :n] for kind, (n, inputs) in records.items()}
     litert_s = statistics.median(tflite_check.litert_times(runner, timed, REPEATS))
+    fp32_s = statistics.median(tflite_check.litert_times(base["runner"], timed, REPEATS)) if base else litert_s
+    flops = sum(tflite_file.matmul_flops(path).values())
+    census = tflite_file.census(path)
+    timing = how["latency"]
+    benchmarked = litert_benchmark.run(
+        path, next(iter(sorted(census["signatures"]))), timing["runs"], timing["warmup_runs"], timing["threads"]
+    )
     exact_form = None
     if scheme == "dynamic" and not params.parse_weights(precision).block:  # a DEQUANTIZE reads no blockwise weight
         exact = CpuGraph(path)
@@ -291,9 +300,6 @@ def measure(
             ]
         )
         exact.close()
-    fp32_s = statistics.median(tflite_check.litert_times(base["runner"], timed, REPEATS)) if base else litert_s
-    flops = sum(tflite_file.matmul_flops(path).values())
-    census = tflite_file.census(path)
     conversion = [{"record": kind, **compare.figures("vs_torch", outputs[kind], expected[kind])} for kind in records]
     arithmetic = [
         {"record": kind, **compare.figures("vs_torch", outputs[kind], want)} for kind, want in (emulated or {}).items()
@@ -332,6 +338,7 @@ def measure(
         decision=scored.of([tflite_check.run(runner, r)[0] for r in scored.inputs]) if scored else None,
         cpu_arithmetic=VariantConversion.of(arithmetic) if arithmetic else None,
         exact_form=exact_form,
+        litert_benchmark=benchmarked,
     )
     if not base and precision == "fp32":
         base.update(outputs=outputs, graph=lite, runner=runner)  # closed by main, after every variant
@@ -464,7 +471,9 @@ def main() -> None:
     ws = a.workspace
     if not (ws / "results/snapshot.json").is_file():
         raise ClefError(f"no pipeline run in {ws}: run make release (or make real-width) first")
-    p = params.load(["form", "lengths", "pairs", "model.source", "verify_gpu", "decision"], path=ws / "params.yaml")
+    p = params.load(
+        ["form", "lengths", "pairs", "model.source", "verify_gpu", "decision", "latency"], path=ws / "params.yaml"
+    )
     p["weights"] = p.get("weights", "fp32")  # a workspace from before params.yaml had `weights` stored fp32
     form = str(kernel_form.parse(p["form"]))
     snap = snapshot.verify(snapshot.load_record(ws / "results/snapshot.json"), root=ws)
@@ -496,6 +505,7 @@ def main() -> None:
             raise ClefError(f"no {ws / layout.result_path('stack')}: the GPU compile's sections are sized by it")
         section_bytes = None if gpu else gpu_check.section_bytes(p["verify_gpu"], fp32_stack, BENCH_L)
         how = {"host": host, "peak": peak, "scratch": scratch, "gpu": gpu, "section_bytes": section_bytes}
+        how["latency"] = {k: int(v) for k, v in p["latency"].items()}
         how["scored"] = scored
         try:
             rows = {variant_name(*v): measure(ws, snap, form, v, records, truths, base, **how) for v in VARIANTS}

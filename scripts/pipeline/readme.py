@@ -598,9 +598,15 @@ def real_weights_table(bench: dict) -> str:
             [
                 f"`{name}`" + (" (default)" if name == default else ""),
                 f"{v['bytes'] / 1e9:.2f} GB ({w['bytes_over_fp32'][name]:.3f}x)",
-                f"{e(v['conversion_max_rel'])} / {e(v['conversion_max_rel_per_position'])}",
+                f"{e(v['conversion_max_rel'])} / {e(v['conversion_max_rel_per_position'])}"
+                + (f"; exact form {e(v['exact_form_max_rel'])}" if v.get("exact_form_max_rel") is not None else ""),
                 f"{v['litert_median_s']:.2f} s ({w['litert_speedup_over_fp32'][name]:.2f}x); "
-                f"{v['fraction_of_peak']:.2f} of peak; torch eager {v['torch_median_s']:.2f} s",
+                f"{v['fraction_of_peak']:.2f} of peak; torch eager {v['torch_median_s']:.2f} s"
+                + (
+                    f"; litert-benchmark {v['litert_benchmark_median_ms'] / 1e3:.2f} s"
+                    if v.get("litert_benchmark_median_ms")
+                    else ""
+                ),
                 gpu_cell(v.get("gpu")),
                 (
                     f"{release / 1e9:.1f} GB"
@@ -812,7 +818,13 @@ def weights_summary_table(doc: dict) -> str:
                 e(v["conversion"]["max_rel_vs_torch"]) if v.get("exact_form") else "-",
                 decision_cell(made),
                 f"`{same}` {theirs.kld_mean:.3g} / {percent(theirs.same_top)}; better: {beats}" if theirs else "-",
-                f"{doc['litert_speedup_over_fp32'][name]:.2f}x",
+                f"{doc['litert_speedup_over_fp32'][name]:.2f}x"
+                + (
+                    f"; litert-benchmark {bench['median_ms']:.2f} ms, "
+                    f"torch eager {v['cpu']['torch_median_s'] * 1e3:.1f} ms"
+                    if (bench := v.get("litert_benchmark"))
+                    else ""
+                ),
                 ("every mode whole" if whole else gpu_cell(gpu)) if gpu else "not run",
             ]
         )
@@ -827,7 +839,7 @@ def weights_summary_table(doc: dict) -> str:
         "CPU as stored (dynamic kernels) vs torch",
         "decision, CPU as stored: mean KLD / same top / ln PPL ratio",
         "llama.cpp at the same bits",
-        "LiteRT CPU speed-up over fp32",
+        "LiteRT CPU speed-up over fp32 (one run); medians",
         "GPU accelerator",
     ]
     return f"{line}\n\n{table(header, body)}"
