@@ -613,6 +613,13 @@ def test_the_quantization_trace_table_gives_every_group_at_every_precision(tmp_p
     assert "| every Linear | all | 2.7e-01 / 80.00 % | 7.3e-04 / 80.00 % |" in text, text
     assert "| `mlp.down_proj` | 8 | 6.8e-02 / 95.00 % | 1.8e-04 / 95.00 % |" in text, text
     assert "| layer 0 | 7 | 3.4e-02 / 97.00 % | 9.1e-05 / 97.00 % |" in text, text
+    assert "layer 0's" not in text  # a trace from before the mixed recipes
+    trace["precisions"]["int4"]["first_layer_kept"] = {"bf16": figures(0.08, 0.9), "int8": figures(0.09, 0.89)}
+    trace["precisions"]["int8"]["first_layer_kept"] = {"bf16": figures(2e-4, 0.99)}
+    atomic.write_json(tmp_path / layout.result_path("quantization_trace"), trace)
+    text, _ = readme.render(doc, tmp_path)
+    assert "| every Linear but layer 0's (bf16) | all | 8.0e-02 / 90.00 % | 2.0e-04 / 99.00 % |" in text, text
+    assert "| every Linear, layer 0's at int8 | all | 9.0e-02 / 89.00 % | - |" in text, text
 
 
 def test_the_host_tables_table_gives_each_precision_against_bf16_or_says_it_was_not_measured(tmp_path):

@@ -28,7 +28,7 @@ from scripts.layers import kernel_form, weight_precision
 from scripts.pipeline import atomic, layout, params
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
-from scripts.pipeline.records import Record
+from scripts.pipeline.records import Record, optional
 from scripts.qwen35 import patch, row_graph
 from scripts.qwen35.host import Host
 
@@ -53,6 +53,9 @@ class PrecisionTrace(Record):
     all_linears: DecisionFigures
     by_role: dict[str, GroupFigures]
     by_layer: dict[str, GroupFigures]
+    # every Linear at the precision but the first layer's, kept at {the checkpoint's (bf16), int8}: the
+    # mixed recipe the first layer's cost suggests (the `weights` grammar cannot say it)
+    first_layer_kept: dict[str, DecisionFigures] | None = optional()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +139,16 @@ def main() -> None:
                     out[name] = GroupFigures(linears=len(ms), decision=score())
             return out
 
-        traced[weights] = PrecisionTrace(all_linears=whole, by_role=alone(by_role), by_layer=alone(by_layer))
+        first, rest = by_layer[next(iter(by_layer))], [m for ms in list(by_layer.values())[1:] for m in ms]
+        kept = {}
+        with quantized(rest, weights):
+            kept["bf16"] = score()
+            if weights != "int8":
+                with quantized(first, "int8"):
+                    kept["int8"] = score()
+        traced[weights] = PrecisionTrace(
+            all_linears=whole, by_role=alone(by_role), by_layer=alone(by_layer), first_layer_kept=kept
+        )
         worst = max(traced[weights].by_role.items(), key=lambda kv: kv[1].decision.kld_mean)
         print(
             f"quantization-trace {weights}: all {decision_check.shown(whole)}; costliest role {worst[0]} "

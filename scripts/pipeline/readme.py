@@ -891,6 +891,10 @@ def trace_table(doc: dict) -> str:
     mean KLD / same top, every Linear first, then each role over the layers, then each layer."""
     precisions = list(doc["precisions"])
     rows = [("every Linear", {w: doc["precisions"][w]["all_linears"] for w in precisions}, "all")]
+    for kept, label in (("bf16", "every Linear but layer 0's (bf16)"), ("int8", "every Linear, layer 0's at int8")):
+        found = {w: (doc["precisions"][w].get("first_layer_kept") or {}).get(kept) for w in precisions}
+        if any(found.values()):
+            rows.append((label, found, "all"))
     for kind in ("by_role", "by_layer"):
         first = doc["precisions"][precisions[0]][kind]
         for name in first:
@@ -899,7 +903,7 @@ def trace_table(doc: dict) -> str:
                 (label, {w: doc["precisions"][w][kind][name]["decision"] for w in precisions}, first[name]["linears"])
             )
     body = [
-        [label, str(n), *(f"{e(f[w]['kld_mean'])} / {percent(f[w]['same_top'])}" for w in precisions)]
+        [label, str(n), *(f"{e(f[w]['kld_mean'])} / {percent(f[w]['same_top'])}" if f[w] else "-" for w in precisions)]
         for label, f, n in rows
     ]
     line = (
