@@ -124,13 +124,15 @@ def finite(hidden, graph: str) -> None:
 def graph_signatures(root: Path, art: ArtifactEntry, gpu: bool, precision: str | None):
     """`signature(name)` over a release graph, by the graph's own signature names (None: a row's only
     one), in the file that holds it (a bundle: under its names there), each a callable on named torch
-    tensors: LiteRT's interpreter on the CPU, or the file compiled for the GPU accelerator alone in
-    `precision` (through LiteRT's C API, scripts/litert/gpu_accelerator.py)."""
+    tensors: LiteRT's interpreter on the CPU (the file as stored: integer weights run XNNPACK's dynamic
+    kernels, what a device's CPU runs), or the file compiled for the GPU accelerator alone in `precision`
+    (through LiteRT's C API, scripts/litert/gpu_accelerator.py)."""
     path = root / art.file
     if not gpu:
         from scripts.checks.tflite_check import interpreter
 
-        return references.renamed(references.interpreter_signature(interpreter(path)), art.signature_names)
+        graph = interpreter(path, dynamic_kernels=True)
+        return references.renamed(references.interpreter_signature(graph), art.signature_names)
     from scripts.litert import gpu_accelerator, tflite_file
 
     compiled = gpu_accelerator.compile(path, precision, tflite_file.census(path))
