@@ -33,7 +33,6 @@ from scripts.checks.tflite_check import RowRecords
 from scripts.litert import gpu_accelerator
 from scripts.litert.export import DEFAULT_SIGNATURE
 from scripts.pipeline import params
-from scripts.pipeline.errors import ClefError
 from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.records import Record
 from scripts.qwen35 import pair_graph, patch
@@ -517,18 +516,3 @@ def summary(rows: list[dict], bounds: GpuBounds) -> tuple[dict, list[str]]:
         "positions": position_curves(rows),
     }
     return doc, problems
-
-
-def weights_refusal(path, census: dict) -> str | None:
-    """Whether LiteRT's GPU accelerator takes a graph whose Linear weights are stored as integers: None
-    where it compiles the whole graph alone, else the refusal naming the stored type, in the
-    accelerator's words (blockwise weights are refused before they reach it: gpu_accelerator.compile).
-    Compiled in fp32 mode; the refusal is the kernel builder's, before any precision applies."""
-    try:
-        gpu_accelerator.compile(path, "fp32", census).close()
-    except ClefError as e:
-        held = ", ".join(
-            f"{t} ({n} such)" for t, n in census["fully_connected_weights"].items() if n and t != "FLOAT32"
-        )
-        return f"FULLY_CONNECTED weights stored {held}: {str(e).split(': ', 1)[-1]}"
-    return None
