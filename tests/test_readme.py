@@ -435,7 +435,7 @@ def test_the_weights_summary_gives_each_precision_as_the_pipeline_stores_it_besi
     text, _ = readme.render(block, tmp_path)
     row = "| `int8` | 3,397,888 (0.452x) | 8.1e-07 / 8.6e-07 | 2.8e-02 | 2.0e-03 / 98.25 % / +1.0e-03 |"
     assert row in text, text
-    assert "`q8_0` 0.00136 / 97.67 %; better: no | 1.60x | every mode whole |" in text
+    assert "`q8_0` 1.4e-03 / 97.67 %; better: no | 1.60x | every mode whole |" in text
     assert "| `fp16` | 4,198,656 (0.558x) | 9.1e-07 / 8.6e-07 | - | - | - |" in text
     assert "2,935,040" not in text  # int8 through a DEQUANTIZE is not what the pipeline stores
     dynamic["decision"] = made(7e-4, 0.99)
@@ -634,5 +634,6 @@ def test_the_host_tables_table_gives_each_precision_against_bf16_or_says_it_was_
     doc["host_tables"] = {"bf16": held(1000, 0.0, 1.0), "int4b32": held(281, 0.05, 0.9)}
     atomic.write_json(tmp_path / layout.result_path("weights"), doc)
     text = readme.render(block, tmp_path)[0]
-    assert "| `int4b32` | 281 (0.281x) | 5.0e-02 / 90.00 % / +0.0e+00 | `q4_K_M` 0.031 / 91.90 % |" in text, text
+    assert "| `int4b32` | 281 (0.281x) | 5.0e-02 / 90.00 % / +0.0e+00 | `q4_K_M` 3.1e-02 / 91.90 % |" in text, text
+    assert text.index("`bf16`") < text.index("`int4b32`")  # the largest first
     assert "| `bf16` | 1,000 (1.000x) |" in text and "8,192 held-out tokens" in text

@@ -817,7 +817,7 @@ def weights_summary_table(doc: dict) -> str:
                 f"{e(exact['max_rel_vs_torch'])} / {e(gpu_fp32) if gpu_fp32 is not None else '-'}",
                 e(v["conversion"]["max_rel_vs_torch"]) if v.get("exact_form") else "-",
                 decision_cell(made),
-                f"`{same}` {theirs.kld_mean:.3g} / {percent(theirs.same_top)}; better: {beats}" if theirs else "-",
+                f"`{same}` {e(theirs.kld_mean)} / {percent(theirs.same_top)}; better: {beats}" if theirs else "-",
                 f"{doc['litert_speedup_over_fp32'][name]:.2f}x"
                 + (
                     f"; litert-benchmark {bench['median_ms']:.2f} ms, "
@@ -855,7 +855,7 @@ def host_tables_table(doc: dict) -> str:
         return "Not measured: this weights bench predates the host tables' figures (or ran on random ids)."
     bf16 = held["bf16"]["bytes"]
     body = []
-    for precision, t in held.items():
+    for precision, t in sorted(held.items(), key=lambda kv: -kv[1]["bytes"]):
         same = llama_cpp.SAME_BITS.get(precision.split("b")[0])
         theirs = llama_cpp.published(same) if same else None
         body.append(
@@ -863,7 +863,7 @@ def host_tables_table(doc: dict) -> str:
                 f"`{precision}`",
                 f"{t['bytes']:,} ({t['bytes'] / bf16:.3f}x)",
                 decision_cell(t["decision"]),
-                f"`{same}` {theirs.kld_mean:.3g} / {percent(theirs.same_top)}" if theirs else "-",
+                f"`{same}` {e(theirs.kld_mean)} / {percent(theirs.same_top)}" if theirs else "-",
             ]
         )
     line = (
