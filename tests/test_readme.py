@@ -494,13 +494,19 @@ def test_the_real_width_weights_table_gives_each_precision_and_the_release_again
 
 
 def test_the_release_is_extrapolated_with_its_host_tables_at_each_precision():
+    """clef-flash's host tables are extrapolated at its vocabulary (the synthetic checkpoint keeps the tiny
+    tokenizer's), at the release's precision and at each other one."""
     from scripts.bench import report
 
-    host = {"file_bytes": 4_000, "shapes": {"embed_tokens": [100, 10], "lm_head": [100, 10]}}
-    got = report.with_host_tables({"int4_dynamic": 10_000}, host)["int4_dynamic"]
-    assert got["bf16"] == 10_000  # 2 x 100 x 10 x 2 bytes: the file as built
-    assert got["int8"] == 10_000 - 4_000 + 2 * (100 * 10 + 4 * 100)
-    assert report.with_host_tables(None, host) is None and report.with_host_tables({"x": 1}, None) is None
+    host = {"file_bytes": 4_000, "shapes": {"embed_tokens": [320, 10], "lm_head": [320, 10]}}
+    bf16 = 2 * report.CLEF_FLASH_VOCAB * 10 * 2
+    assert report.clef_flash_host_bytes(host, "bf16") == bf16
+    got = report.with_host_tables({"int4_dynamic": 10_000}, host, "bf16")["int4_dynamic"]
+    assert got["bf16"] == 10_000
+    assert got["int8"] == 10_000 - bf16 + 2 * (report.CLEF_FLASH_VOCAB * 10 + 4 * report.CLEF_FLASH_VOCAB)
+    assert (
+        report.with_host_tables(None, host, "bf16") is None and report.with_host_tables({"x": 1}, None, "bf16") is None
+    )
 
 
 def test_params_table_says_which_stages_each_key_reruns(tmp_path):

@@ -78,6 +78,27 @@ def test_extrapolation_scales_what_grows_with_the_weights():
     assert out.without_tiny_run == ["release"] and "release" not in out.stages
 
 
+def test_the_release_is_extrapolated_with_clef_flashs_host_tables_not_the_synthetic_ones():
+    """The synthetic checkpoint keeps the tiny tokenizer's 320 tokens: its host file is a few MB where
+    clef-flash's bf16 tables are 4 GB. The release's figure takes them at clef-flash's vocabulary."""
+    real = {
+        "layers": 4,
+        "fp32_bytes": 4e9,
+        "stages": {},
+        "latency": {},
+        "bundle": {"bytes": 1_000},
+        "release_bytes": 1_000 + 5_000 + 300,  # the bundle, the host file, the rest
+        "host_tables": {"file_bytes": 5_000, "shapes": {"embed_tokens": [320, 4096], "lm_head": [320, 4096]}},
+        "weights": {"bundle_bytes": {"fp16": 1_000, "int4_dynamic": 300}},
+    }
+    out = report.extrapolate({"stages": {}}, real)
+    host = 2 * report.CLEF_FLASH_VOCAB * 4096 * 2
+    assert out.release_bytes == 8 * 1_000 + 300 + host
+    assert out.release_bytes_by_weights == {"fp16": 8 * 1_000 + 300 + host, "int4_dynamic": 8 * 300 + 300 + host}
+    assert out.release_bytes_by_weights_and_host["int4_dynamic"]["bf16"] == out.release_bytes_by_weights["int4_dynamic"]
+    assert out.release_bytes_by_weights_and_host["int4_dynamic"]["int4b32"] < 8 * 300 + 300 + 0.3 * host
+
+
 @pytest.mark.parametrize("layers", ["block", "all"])
 def test_a_gpu_stage_that_runs_the_first_block_costs_at_clef_flash_what_it_cost_at_real_width(layers):
     """verify_gpu.layers: block loads, references and runs the first block at any depth: its time is as

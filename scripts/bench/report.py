@@ -39,6 +39,9 @@ PEAK_N = 4096  # 137 GFLOP per product: ~1 s here, long enough to time, the size
 REPEATS = 5
 TARGET_FRACTION_OF_PEAK = 0.5
 CLEF_FLASH_LAYERS = 32  # (3 GatedDeltaNet + 1 attention) x 8; the real-width run has one such block
+# Qwen3.5-9B's vocabulary: the synthetic checkpoint keeps the tiny tokenizer's 320 tokens, so clef-flash's host
+# tables (embed_tokens and lm_head, [V, hidden] each) are extrapolated at this V, not copied from the run
+CLEF_FLASH_VOCAB = 248320
 CLEF_FLASH_SNAPSHOT_BYTES = 19.3e9  # bf16 on disk, vision and MTP included (the hub's file list)
 
 
@@ -622,11 +625,16 @@ def extrapolate(tiny: dict, real: dict) -> ClefFlash:
     bundled = real.get("bundle")
     budget = (tiny.get("params") or {}).get("memory")
     # per weights precision: the bundle as the weights bench derived it at real width, the other files as built
+    host = real.get("host_tables")
+    release_params = (real.get("params") or {}).get("release") or {}
+    held = release_params.get("host_weights_precision", "bf16")
+    # the release's files beside the bundle: its host tables at clef-flash's vocabulary (as built: the
+    # release's precision), the rest (tokenizer, config, reference records, manifest) as the run built them
+    others = real.get("release_bytes", 0) - (bundled["bytes"] if bundled else 0)
+    if host:
+        others += clef_flash_host_bytes(host, held) - host["file_bytes"]
     by_weights = (
-        {
-            name: blocks * b + real.get("release_bytes", 0) - bundled["bytes"]
-            for name, b in ((real.get("weights") or {}).get("bundle_bytes") or {}).items()
-        }
+        {name: blocks * b + others for name, b in ((real.get("weights") or {}).get("bundle_bytes") or {}).items()}
         if bundled and blocks
         else None
     )
@@ -640,10 +648,10 @@ def extrapolate(tiny: dict, real: dict) -> ClefFlash:
         # the bundle's weights and heads grow with the layers; the release's other files (host tables,
         # tokenizer, reference records) are the same at any depth
         bundle_bytes=bundled and blocks * bundled["bytes"],
-        release_bytes=bundled and blocks * bundled["bytes"] + real.get("release_bytes", 0) - bundled["bytes"],
+        release_bytes=bundled and blocks * bundled["bytes"] + others,
         # per weights precision: the bundle as the weights bench derived it at real width, the other files as built
         release_bytes_by_weights=by_weights,
-        release_bytes_by_weights_and_host=with_host_tables(by_weights, real.get("host_tables")),
+        release_bytes_by_weights_and_host=with_host_tables(by_weights, host, held),
         snapshot_bytes=CLEF_FLASH_SNAPSHOT_BYTES,
         fp32_stack_bytes=fp32,
         memory_budget_gib=(float(budget["factor"]) * fp32) / 2**30 + float(budget["overhead_gib"])
@@ -652,18 +660,24 @@ def extrapolate(tiny: dict, real: dict) -> ClefFlash:
     )
 
 
-def with_host_tables(by_weights: dict[str, int] | None, host: dict | None) -> dict[str, dict[str, int]] | None:
-    """Each release of `by_weights` with its host file (HostFiles, as built) replaced by the tables stored at
-    each of host_tables.MEASURED: the tables are the same at any depth, only their precision changes them."""
+def clef_flash_host_bytes(host: dict, precision: str) -> int:
+    """clef-flash's host tables at `precision`: each of the run's tables (HostFiles) at CLEF_FLASH_VOCAB rows."""
+    from scripts.qwen35 import host_tables
+
+    return sum(host_tables.stored_bytes((CLEF_FLASH_VOCAB, shape[1]), precision) for shape in host["shapes"].values())
+
+
+def with_host_tables(
+    by_weights: dict[str, int] | None, host: dict | None, held: str
+) -> dict[str, dict[str, int]] | None:
+    """Each release of `by_weights` (its host tables at `held`) with clef-flash's host tables stored at each of
+    host_tables.MEASURED instead: the tables are the same at any depth, only their precision changes them."""
     from scripts.qwen35 import host_tables
 
     if not by_weights or not host:
         return None
-    at = {
-        hp: sum(host_tables.stored_bytes(tuple(shape), hp) for shape in host["shapes"].values())
-        for hp in host_tables.MEASURED
-    }
-    return {name: {hp: b - host["file_bytes"] + size for hp, size in at.items()} for name, b in by_weights.items()}
+    at = {hp: clef_flash_host_bytes(host, hp) - clef_flash_host_bytes(host, held) for hp in host_tables.MEASURED}
+    return {name: {hp: b + change for hp, change in at.items()} for name, b in by_weights.items()}
 
 
 def interpolated(points: dict[int, float], size: int) -> float:

@@ -490,8 +490,14 @@ def release_row(clef: dict, run: dict) -> list[str]:
         f"the bundle {clef['bundle_bytes'] / 1e9:.1f} GB, the release {clef['release_bytes'] / 1e9:.1f} GB "
         f"(goal <= {RELEASE_GOALS['bytes'] / 1e9:.0f} GB); the release stage "
         + (f"{stage / 60:.1f} min (goal <= {RELEASE_GOALS['seconds'] / 60:.0f})" if stage else "not measured"),
-        f"extrapolated: {clef['blocks']} x the real-width bundle, + its host files and reference records "
-        "(the same at any depth); the stage as the others",
+        f"extrapolated: {clef['blocks']} x the real-width bundle, + "
+        + (
+            "clef-flash's host tables (at its vocabulary, not the synthetic checkpoint's) and the run's other "
+            "files (tokenizer, reference records: the same at any depth)"
+            if clef.get("release_bytes_by_weights_and_host")
+            else "its host files and reference records (the same at any depth)"
+        )
+        + "; the stage as the others",
     ]
 
 
