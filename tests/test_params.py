@@ -49,7 +49,8 @@ def test_each_bad_edit_refused_in_one_line(case):
         (lambda p: p["verify_tflite"].pop("latency_repeats"), "verify_tflite.latency_repeats is missing"),
         (
             lambda p: p["release"].update(compression="x"),
-            "unknown key release.compression; known keys: host_weights, host_weights_precision, signing_key, max_over_recorded",
+            "unknown key release.compression; known keys: host_weights, host_weights_precision, signing_key, "
+            "max_over_recorded",
         ),
         (lambda p: p["release"].update(signing_key=""), "release.signing_key '' must be a file path or null"),
         (lambda p: p["release"].update(signing_key=7), "release.signing_key 7 must be a file path or null"),
