@@ -55,9 +55,10 @@ def encode(table: torch.Tensor, precision: str) -> dict[str, torch.Tensor]:
 
 
 def _pack(codes: torch.Tensor) -> torch.Tensor:
-    """int4 codes [n, H] (H even) -> uint8 [n, H / 2], the even element in the low nibble."""
-    q = codes.to(torch.int16).reshape(codes.shape[0], -1, 2) & 0xF
-    return (q[..., 0] | (q[..., 1] << 4)).to(torch.uint8)
+    """int4 codes [n, H] (H even) -> uint8 [n, H / 2]: weight_storage.pack_int4's layout, row by row."""
+    from scripts.litert.weight_storage import pack_int4
+
+    return torch.from_numpy(pack_int4(codes.to(torch.int8).numpy())).reshape(codes.shape[0], -1)
 
 
 def _unpack(packed: torch.Tensor) -> torch.Tensor:
