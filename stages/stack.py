@@ -6,7 +6,7 @@ the budget fails the stage: the weights were copied somewhere they should not ha
 """
 
 from scripts.checkpoint import snapshot
-from scripts.pipeline import atomic, bounds, layout, metrics, params
+from scripts.pipeline import atomic, bounds, layout, metrics, params, profile
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.harness import run_stage
 from scripts.pipeline.measure import peak_rss_bytes
@@ -17,7 +17,8 @@ def main() -> None:
     budget = params.bound_section("stack")
     rec = snapshot.load_record()
     path = snapshot.verify(rec)
-    _, info = text_stack.load_text_stack(path)
+    with profile.part("load the stack"):
+        _, info = text_stack.load_text_stack(path)
     info.update({"repo": rec.repo, "revision": rec.revision, "source": rec.source, "peak_rss_bytes": peak_rss_bytes()})
     limit = bounds.rss_limit(budget, info["fp32_bytes"])
     info["rss_budget"] = {**budget, "limit_bytes": limit, "within": info["peak_rss_bytes"] <= limit}

@@ -89,6 +89,14 @@ def test_the_stage_harness_is_no_stage_dependency():
     assert harness <= {str(p) for p in followed}
 
 
+def test_the_profile_is_no_stage_dependency():
+    """The parts' timing (scripts/pipeline/profile.py) changes no output either: every stage imports it
+    (the snapshot's hashing is a part) and none depends on it. Followed, it would be a dep of all of them."""
+    deps = {name: set(stage_deps.wanted_deps(stage)) for name, stage in STAGES.items()}
+    assert not any(str(stage_deps.PROFILE) in d for d in deps.values())
+    assert stage_deps.PROFILE in stage_deps.imported(Path("scripts/checkpoint/snapshot.py"))
+
+
 def test_editing_the_release_code_reruns_no_verify_stage():
     """The verify stages hours long at clef-flash size depend on the reference records' module only, not
     on the release's reader or signing: an edit there reruns the release, not the graphs' checks."""

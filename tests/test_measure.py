@@ -177,6 +177,9 @@ def test_a_stage_over_its_memory_budget_fails_and_records_it(workdir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((workdir / "results/runtime/stack.json").read_text())
     assert rec["memory_budget"]["within"] is True and rec["memory_budget"]["fp32_stack_bytes"] > 0
+    # where its time went (scripts/pipeline/profile.py): the snapshot's hashes and the load, within its wall time
+    assert rec["parts"]["hashing"] > 0 and rec["parts"]["load the stack"] > 0, rec["parts"]
+    assert sum(rec["parts"].values()) <= rec["seconds"], rec
 
 
 def test_a_peak_over_its_budget_never_reads_as_equal_to_it():

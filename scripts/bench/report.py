@@ -120,6 +120,7 @@ class StageFigures(Record):
     budget_gib: float | None = optional()
     within_budget: bool | None = optional()
     accelerator_seconds: float | None = optional()
+    parts: dict[str, float] | None = optional()  # seconds by part (scripts/pipeline/profile.py)
 
 
 def stage_records(ws: Path) -> dict[str, StageFigures]:
@@ -137,6 +138,7 @@ def stage_records(ws: Path) -> dict[str, StageFigures]:
             budget_gib=budgets[name].limit_bytes / 2**30 if budgets[name] is not None else None,
             within_budget=budgets[name].within if budgets[name] is not None else None,
             accelerator_seconds=accelerator_seconds(ws, name),
+            parts=r.parts,
         )
         for name, r in runs.items()
     }
@@ -553,6 +555,7 @@ class StageNeeds(Record):
 
     seconds: float
     accelerator_seconds: float | None = optional()
+    parts: dict[str, float] | None = optional()  # the seconds by part, scaled as the stage's
     peak_rss_gib: float | None = optional()
     peak_anon_gib: float | None = optional()
     peak_rss_gib_upper: float | None = optional()
@@ -610,13 +613,15 @@ def extrapolate(tiny: dict, real: dict) -> ClefFlash:
             continue
         memory = [k for k in ("peak_rss_gib", "peak_anon_gib") if k in r and k in t]
         if stage_size(name)[0] in AS_MEASURED:
-            out[name] = StageNeeds(seconds=r["seconds"], **{k: r[k] for k in memory})
+            out[name] = StageNeeds(seconds=r["seconds"], parts=r.get("parts"), **{k: r[k] for k in memory})
         else:
             times = 1 if gpu_block and stage_size(name)[0] in GPU_STAGES else blocks
             startup = r.get("startup_seconds", 0.0)
             out[name] = StageNeeds(
                 seconds=startup + times * (r["seconds"] - startup),
                 accelerator_seconds=times * r["accelerator_seconds"] if "accelerator_seconds" in r else None,
+                # every part is inside main(), after start-up
+                parts={k: times * v for k, v in r["parts"].items()} if r.get("parts") is not None else None,
                 **{k: r[k] + (blocks - 1) * min(max(r[k] - t[k], 0.0), stack_gib) for k in memory},
                 **{f"{k}_upper": t[k] + blocks * max(r[k] - t[k], 0.0) for k in memory},
             )
@@ -732,7 +737,11 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> DefaultPipeli
     def at(base: str, size: int) -> dict[str, float]:
         found = by_base[base]
         keys = [k for k in ("seconds", "peak_anon_gib", "accelerator_seconds") if all(k in f for f in found.values())]
-        return {k: interpolated({n: f[k] for n, f in found.items()}, size) for k in keys}
+        out = {k: interpolated({n: f[k] for n, f in found.items()}, size) for k in keys}
+        if all(f.get("parts") is not None for f in found.values()):
+            names = {p for f in found.values() for p in f["parts"]}
+            out["parts"] = {p: interpolated({n: f["parts"].get(p, 0.0) for n, f in found.items()}, size) for p in names}
+        return out
 
     stages = {}
     for base, found in sorted(by_base.items()):
@@ -755,6 +764,8 @@ def default_pipeline(clef: dict, measured: dict, default: dict) -> DefaultPipeli
                 else 1.0
             )
             stages[base] = {"seconds": f["seconds"] * scale, "peak_anon_gib": f.get("peak_anon_gib")}
+            if f.get("parts") is not None:
+                stages[base]["parts"] = {p: v * scale for p, v in f["parts"].items()}
     peaks = {n: f["peak_anon_gib"] for n, f in stages.items() if f.get("peak_anon_gib") is not None}
     top = max(peaks, key=peaks.get) if peaks else None
     seconds = sum(f["seconds"] for f in stages.values())

@@ -58,7 +58,10 @@ def file_digests(path: Path, algorithms: tuple[str, ...]) -> dict[str, str]:
 
 
 def sha256_file(path: Path) -> str:
-    return file_digest(path, "sha256")
+    from scripts.pipeline import profile
+
+    with profile.part("hashing"):
+        return file_digest(path, "sha256")
 
 
 def refuse_pickles(names) -> None:

@@ -32,7 +32,7 @@ from scripts.checks import compare, layerwise, model_check, records
 from scripts.checks.tflite_check import RowRecords
 from scripts.litert import gpu_accelerator
 from scripts.litert.export import DEFAULT_SIGNATURE
-from scripts.pipeline import params
+from scripts.pipeline import params, profile
 from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.records import Record
 from scripts.qwen35 import pair_graph, patch
@@ -248,7 +248,7 @@ def row_references(model, host: Host, stock: StockReferences, records: RowRecord
     graph = ClefRowPrefill(model, length).eval()
     out = {}
     for kind, (n, inputs) in records.items():
-        with torch.no_grad():
+        with torch.no_grad(), profile.part("torch"):
             ref = graph(**inputs)["hidden"][0, :n]
         exact, half = stock.hidden(inputs["embeds"][:, :n])
         out[kind] = HiddenReferences(ref, exact, half)

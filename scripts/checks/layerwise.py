@@ -17,6 +17,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from scripts.pipeline import profile
+
+PART = {torch.float64: "float64 truth", torch.float16: "float16 floor"}
+
 
 def _convert(modules: Iterable[nn.Module], dtype: torch.dtype) -> list[tuple]:
     """Floating-point parameters (their .data: the Parameter objects stay) and buffers of `modules`
@@ -63,7 +67,8 @@ def cast_by_layer(root: nn.Module, layers: Iterable[nn.Module], dtype: torch.dty
             handles.append(layer.register_forward_pre_hook(before, with_kwargs=True))
             handles.append(layer.register_forward_hook(after, with_kwargs=True, always_call=True))
         outer = _convert((m for m in root.modules() if id(m) not in inside), dtype)
-        yield root
+        with profile.part(PART.get(dtype, "torch")):
+            yield root
     finally:
         for h in handles:
             h.remove()

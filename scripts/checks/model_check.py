@@ -30,6 +30,7 @@ import torch
 
 from scripts.checks import compare, controls, layerwise, records
 from scripts.layers import gated_delta
+from scripts.pipeline import profile
 from scripts.pipeline.records import Record
 from scripts.qwen35 import model_change, patch
 from scripts.qwen35.host import Host
@@ -118,15 +119,16 @@ def model_rows(model, host: Host, lengths, text: RecordTokens, seed: int = 0) ->
             inputs = host.record(text.ids(n, seed + length + n), length)
             host.check(inputs, length)
             real = inputs["embeds"][:, :n]
-            with torch.no_grad(), model_change.changed(graph, count_interleave=True) as done:
+            with torch.no_grad(), profile.part("torch"), model_change.changed(graph, count_interleave=True) as done:
                 hidden = graph(**inputs)["hidden"][0, :n]
             with torch.no_grad():
-                stock = twin(inputs_embeds=real, use_cache=False).last_hidden_state[0]
+                with profile.part("torch"):
+                    stock = twin(inputs_embeds=real, use_cache=False).last_hidden_state[0]
                 with exact_by_layer(twin):
                     exact = twin(inputs_embeds=real.double(), use_cache=False).last_hidden_state[0]
             control = {}
             if controls.memory_cut_applies(form, n):
-                with torch.no_grad(), model_change.changed(model, memory_cut=True):
+                with torch.no_grad(), profile.part("torch"), model_change.changed(model, memory_cut=True):
                     control["control_memory_cut_rel_vs_stock_f64"] = compare.rel(
                         graph(**inputs)["hidden"][0, :n], exact
                     )

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from scripts.checks import compare, controls, model_check, records
+from scripts.pipeline import profile
 from scripts.pipeline.mappings import Tensors
 from scripts.qwen35 import model_change, pair_graph, patch
 from scripts.qwen35.host import PairRunner, PairState
@@ -169,7 +170,7 @@ class References:
         key = tuple(ids)
         if key not in self.hidden:
             self._need("row hidden", ids)
-            with torch.no_grad():
+            with torch.no_grad(), profile.part("torch"):
                 self.hidden[key] = self.graph(**self.host.record(list(ids), self.length))["hidden"]
         return self.hidden[key]
 
@@ -182,7 +183,8 @@ class References:
             with torch.no_grad():
                 with model_check.exact_by_layer(self.twin):
                     exact = self.twin(inputs_embeds=embeds.double(), use_cache=True).past_key_values
-                fp32 = self.twin(inputs_embeds=embeds, use_cache=True).past_key_values
+                with profile.part("torch"):
+                    fp32 = self.twin(inputs_embeds=embeds, use_cache=True).past_key_values
             self.caches[key] = (cache_entries(self.model, exact), cache_entries(self.model, fp32))
         return self.caches[key]
 

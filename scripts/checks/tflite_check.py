@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from scripts.checks import records
+from scripts.pipeline import profile
 from scripts.pipeline.mappings import Tensors
 from scripts.pipeline.measure import timed_runs
 from scripts.pipeline.records import Record, optional
@@ -64,7 +65,7 @@ def torch_reference(graph, inputs: Tensors, n: int, form) -> TorchReference:
     from scripts.checks import controls
     from scripts.qwen35 import model_change
 
-    with torch.no_grad():
+    with torch.no_grad(), profile.part("torch"):
         hidden, memory_cut = graph(**inputs)["hidden"][0, :n], None
         if controls.memory_cut_applies(form, n):
             with model_change.changed(graph.text_model, memory_cut=True):

@@ -24,6 +24,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.tools import flatbuffer_utils
 
 from scripts.litert import model_writer, tflite_file
+from scripts.pipeline import profile
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record
 
@@ -62,8 +63,9 @@ def fingerprint(path) -> FileFingerprint:
     op and buffer offset, and the metadata that names revision, form, shape and commit), read without
     its weights; what the release compares to tell a bundle made from other files (a 27.7 GB graph
     is not read again for it)."""
-    head = tflite_file.read_head(path)
-    return FileFingerprint(Path(path).stat().st_size, hashlib.sha256(head).hexdigest())
+    with profile.part("hashing"):
+        head = tflite_file.read_head(path)
+        return FileFingerprint(Path(path).stat().st_size, hashlib.sha256(head).hexdigest())
 
 
 def _opcode_key(code) -> tuple:
@@ -84,11 +86,12 @@ def _refuse_subgraph_references(model, path: Path) -> None:
 
 def _digest(buffer, mm) -> tuple[str, int]:
     """sha256 and length of a buffer's data, inline or in the mapped file (no copy of it made)."""
-    if buffer.offset > 1:
-        with memoryview(mm) as view:
-            return hashlib.sha256(view[buffer.offset : buffer.offset + buffer.size]).hexdigest(), buffer.size
-    data = _inline_data(buffer)
-    return hashlib.sha256(data).hexdigest(), len(data)
+    with profile.part("hashing"):
+        if buffer.offset > 1:
+            with memoryview(mm) as view:
+                return hashlib.sha256(view[buffer.offset : buffer.offset + buffer.size]).hexdigest(), buffer.size
+        data = _inline_data(buffer)
+        return hashlib.sha256(data).hexdigest(), len(data)
 
 
 def _inline_data(buffer) -> bytes:

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.litert import gpu_accelerator
+from scripts.pipeline import profile
 from scripts.pipeline.errors import ClefError
 
 CACHE_FILE = "weights.xnnpack"
@@ -47,6 +48,10 @@ class CpuGraph:
         self.path, self.model = Path(path), None
         if not self.path.is_file():
             raise ClefError(f"no {self.path} to run")
+        with profile.part("LiteRT CPU load"):
+            self._load(threads, dynamic_kernels)
+
+    def _load(self, threads: int | None, dynamic_kernels: bool) -> None:
         self._cache = tempfile.TemporaryDirectory(prefix="clef-xnnpack-")
         loaded, self.dequantized = self.path, 0
         if not dynamic_kernels:
@@ -78,7 +83,7 @@ class CpuGraph:
 
     def get_signature_runner(self, name: str | None = None):
         """Signature `name` (the only one when None) as a callable on named float32 numpy arrays."""
-        return gpu_accelerator.signature_runner(self.model, self.path, name)
+        return gpu_accelerator.signature_runner(self.model, self.path, name, part="LiteRT CPU runs")
 
     def close(self) -> None:
         """Release the compiled model and its weight cache now (the runtime's teardown log kept off

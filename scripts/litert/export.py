@@ -23,7 +23,7 @@ from scripts.checkpoint.snapshot import SnapshotRecord
 from scripts.layers import kernel_form, weight_precision
 from scripts.layers.kernel_form import Form
 from scripts.litert import tflite_file, weight_storage
-from scripts.pipeline import atomic, params, provenance, quiet
+from scripts.pipeline import atomic, params, profile, provenance, quiet
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.provenance import GitState
 from scripts.pipeline.records import Record, optional
@@ -58,7 +58,10 @@ def convert_signatures(signatures: dict, path: Path) -> None:
     converter = litert_torch.Converter()
     modules = [module for module, _ in signatures.values()]
     try:
-        with model_change.changed(torch.nn.ModuleList(modules), split_over=tflite_file.MAX_CONSTANT_BYTES):
+        with (
+            profile.part("conversion"),
+            model_change.changed(torch.nn.ModuleList(modules), split_over=tflite_file.MAX_CONSTANT_BYTES),
+        ):
             for name, (module, kwargs) in signatures.items():
                 converter.signature(name, module.eval(), sample_kwargs=kwargs)
             converter.convert(lightweight_conversion=True).export(str(path))

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from scripts.litert import litert_c, tflite_file
+from scripts.pipeline import profile
 from scripts.pipeline.errors import ClefError
 from scripts.pipeline.records import Record
 
@@ -138,11 +139,11 @@ class Compiled:
         return call
 
 
-def signature_runner(model, path, name: str | None = None, quiet_runs: bool = False):
+def signature_runner(model, path, name: str | None = None, quiet_runs: bool = False, part: str = "GPU runs"):
     """Signature `name` (the only one when None) of a CompiledModel as a callable on named float32 numpy
     arrays -> {output name: float32 numpy array}. The runtime logs from C++ on fd 2: the first call
     (where it finishes setting itself up) always runs with stderr captured, every call with quiet_runs
-    (the GPU accelerator logs each run)."""
+    (the GPU accelerator logs each run). Each call's time counts to profile `part`."""
     sigs = model.get_signature_list()
     key = name if name is not None else next(iter(sigs))
     if key not in sigs:
@@ -174,7 +175,7 @@ def signature_runner(model, path, name: str | None = None, quiet_runs: bool = Fa
 
     def run(**feeds):
         quiet, first[0] = quiet_runs or first[0], False
-        with captured_stderr() if quiet else contextlib.nullcontext({"text": ""}) as log:
+        with profile.part(part), captured_stderr() if quiet else contextlib.nullcontext({"text": ""}) as log:
             try:
                 return run_once(feeds)
             except RuntimeError as exc:  # the runtime's reason is in its log, which the capture holds
@@ -252,7 +253,7 @@ def compile(path, mode: str = "fp32", census: dict | None = None) -> Compiled:  
         litert_c.library()
     quiet_teardown_at_exit()
     model, error = None, None
-    with captured_stderr() as log:
+    with profile.part("GPU compile"), captured_stderr() as log:
         try:
             model = litert_c.CompiledGraph(path, litert_c.PRECISION[mode])
             accelerated = model.is_fully_accelerated()

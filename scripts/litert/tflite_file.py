@@ -360,6 +360,13 @@ def content_digest(path) -> str:
     buffer, external weights included (hashed in place through mmap). Two exports of the same graph at
     different commits differ only in that entry (it names the commit), so "byte-identical graphs"
     before and after a change that moves no op is this digest being equal."""
+    from scripts.pipeline import profile
+
+    with profile.part("hashing"):
+        return _content_digest(path)
+
+
+def _content_digest(path) -> str:
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(read_head(path)))
     ours = {m.buffer for m in model.metadata or [] if text(m.name) == METADATA_NAME}
     model.metadata = [m for m in model.metadata or [] if text(m.name) != METADATA_NAME]

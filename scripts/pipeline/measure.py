@@ -134,14 +134,17 @@ def timed_runs(fn, repeats: int, budget_seconds: float | None = None) -> list[fl
     """Wall seconds of each of up to `repeats` calls of fn(), after one warm-up call (first-call
     allocation and weight packing are not the steady state); with `budget_seconds`, the calls stop
     once MIN_REPEATS (or `repeats`, if fewer) have run and together took that long."""
-    fn()
-    times = []
-    while len(times) < repeats:
-        start = time.perf_counter()
+    from scripts.pipeline import profile
+
+    with profile.part("timing"):
         fn()
-        times.append(time.perf_counter() - start)
-        if budget_seconds is not None and len(times) >= MIN_REPEATS and sum(times) >= budget_seconds:
-            break
+        times = []
+        while len(times) < repeats:
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+            if budget_seconds is not None and len(times) >= MIN_REPEATS and sum(times) >= budget_seconds:
+                break
     return times
 
 
@@ -205,6 +208,7 @@ class Runtime(Record):
     peak_anon_bytes: int | None = optional()  # absent from records made before it was sampled
     startup_seconds: float | None = optional()  # process start to main(), when the harness measured it
     memory_budget: MemoryBudget | None = optional()  # absent for a benchmark, run without a budget
+    parts: dict[str, float] | None = optional()  # seconds by part (scripts/pipeline/profile.py); absent before it
 
 
 def memory_budget(anon_peak_bytes: int, root: str = ".") -> MemoryBudget:
@@ -247,7 +251,7 @@ def record_runtime(
     """Write results/runtime/<stage>.json for the stage this process ran (with its memory budget
     when `budget`, and the seconds it took to start: process start to its main(), imports included,
     when given); -> the record."""
-    from scripts.pipeline import atomic, layout
+    from scripts.pipeline import atomic, layout, profile
 
     run = Runtime(
         stage=stage_name(),
@@ -258,6 +262,7 @@ def record_runtime(
         finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         startup_seconds=startup_seconds,
         memory_budget=memory_budget(anon_peak_bytes, root) if budget else None,
+        parts=profile.seconds(),
     )
     atomic.write_json(layout.runtime_path(run.stage, root), run.to_json())
     return run

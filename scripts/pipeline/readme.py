@@ -638,7 +638,45 @@ def real_weights_table(bench: dict) -> str:
     return table(header, body)
 
 
-BENCH_TABLES = {"real_width": real_width_table, "real_run": real_run_table, "real_weights": real_weights_table}
+def real_profile_table(bench: dict) -> str:
+    """The default clef-flash pipeline's extrapolated hours by stage family, cut into the parts its stages
+    timed (scripts/pipeline/profile.py); `other` is the rest of each stage's time (start-up included)."""
+    from scripts.pipeline import profile
+
+    run = bench["clef_flash"].get("default_pipeline") or {}
+    stages = run.get("stages") or {}
+    if not any(f.get("parts") for f in stages.values()):
+        return "No profile: the run's stages predate their parts' timing (scripts/pipeline/profile.py)."
+    families: dict[str, dict[str, float]] = {}
+    for name, f in stages.items():
+        family = families.setdefault(name.partition("@")[0], {"seconds": 0.0})
+        family["seconds"] += f["seconds"]
+        for part, s in (f.get("parts") or {}).items():
+            family[part] = family.get(part, 0.0) + s
+    parts = [p for p in profile.PARTS if any(p in f for f in families.values())]
+
+    def hours(s: float) -> str:
+        return f"{s / 3600:.2f}" if s >= 18 else "-"
+
+    body = [
+        [f"`{name}`", hours(f["seconds"]), *(hours(f.get(p, 0.0)) for p in parts)]
+        + [hours(max(f["seconds"] - sum(f.get(p, 0.0) for p in parts), 0.0))]
+        for name, f in sorted(families.items(), key=lambda kv: -kv[1]["seconds"])
+    ]
+    total = {p: sum(f.get(p, 0.0) for f in families.values()) for p in ["seconds", *parts]}
+    body.append(
+        ["**all**", hours(total["seconds"]), *(hours(total[p]) for p in parts)]
+        + [hours(total["seconds"] - sum(total[p] for p in parts))]
+    )
+    return table(["stage", "hours", *parts, profile.OTHER], body)
+
+
+BENCH_TABLES = {
+    "real_width": real_width_table,
+    "real_run": real_run_table,
+    "real_weights": real_weights_table,
+    "real_profile": real_profile_table,
+}
 
 
 def bench_line(bench: dict) -> str:

@@ -2,9 +2,10 @@
 
 The lists are written from the imports (followed transitively, package `__init__.py` files included),
 so a moved module or a new import cannot leave a stage that misses a change to its code; the test
-suite fails when dvc.yaml differs from what this writes. The one import not followed is the stage
-harness (scripts/pipeline/harness.py): it writes no DVC output and changes no figure, so editing the
-memory sampler or the log filter reruns nothing.
+suite fails when dvc.yaml differs from what this writes. The imports not followed are the stage
+harness (scripts/pipeline/harness.py) and the profile (scripts/pipeline/profile.py, the seconds by part
+the harness records): they write no DVC output and change no figure, so editing the memory sampler,
+the log filter or the parts' timing reruns nothing.
 
     python -m scripts.pipeline.stage_deps           # rewrite dvc.yaml's code deps in place
     python -m scripts.pipeline.stage_deps --check   # exit 1, naming the stages whose lists differ
@@ -22,6 +23,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("scripts", "stages")
 HARNESS = Path("scripts/pipeline/harness.py")
+PROFILE = Path("scripts/pipeline/profile.py")
+NOT_FOLLOWED = {HARNESS, PROFILE}
 
 
 def module_file(name: str, root: Path = ROOT) -> Path | None:
@@ -65,12 +68,12 @@ def imported(path: Path, root: Path = ROOT) -> set[Path]:
 
 def code_of(entry: Path, root: Path = ROOT) -> set[Path]:
     """`entry` and every file of ours it imports, transitively (with the packages `python -m` runs it in),
-    the stage harness (HARNESS) and what only it imports left out."""
+    the stage harness and the profile (NOT_FOLLOWED) and what only they import left out."""
     parts = entry.with_suffix("").parts
     packages = {f for i in range(1, len(parts)) if (f := module_file(".".join(parts[:i]), root)) is not None}
     seen, todo = {entry} | packages, [entry, *packages]
     while todo:
-        for file in imported(todo.pop(), root) - seen - {HARNESS}:
+        for file in imported(todo.pop(), root) - seen - NOT_FOLLOWED:
             seen.add(file)
             todo.append(file)
     return seen

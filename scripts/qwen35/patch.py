@@ -182,9 +182,11 @@ def load(snapshot, form: str, progress: bool = True, block: bool = False, weight
     at `weights` (scripts/layers/weight_precision.py); -> (model, load facts, what the form changed).
     The facts' `weights` is the weight_precision.Applied record; what the form changed, gated_delta.FormChange."""
     from scripts.layers import gated_delta, weight_precision
+    from scripts.pipeline import profile
     from scripts.qwen35 import text_stack
 
-    model, info = text_stack.load_text_stack(snapshot, progress=progress, block=block)
-    info = {**info, "weights": weight_precision.apply(model, weights)}  # the checkpoint's values, then the form
-    patch(model)
+    with profile.part("load the stack"):
+        model, info = text_stack.load_text_stack(snapshot, progress=progress, block=block)
+        info = {**info, "weights": weight_precision.apply(model, weights)}  # the checkpoint's values, then the form
+        patch(model)
     return model, info, gated_delta.set_form(model, form)
